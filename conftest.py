@@ -1,0 +1,59 @@
+"""Let ``pytest --nbval`` execute the chapters straight from their MyST-Markdown sources.
+
+nbval only collects ``.ipynb`` files. Here the ``.md`` chapters (jupytext notebooks) are collected
+by a subclass of nbval's ``IPyNbFile`` that reads the notebook through jupytext; the generated
+``chapters/*.ipynb`` Colab copies are skipped, so each chapter runs exactly once.
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+ROOT = Path(__file__).parent
+CHAPTERS = ROOT / "chapters"
+
+
+def _nbval_enabled(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "nbval", False) or getattr(config.option, "nbval_lax", False))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path.suffix == ".ipynb" and collection_path.parent == CHAPTERS:
+        return True  # generated Colab copy of a .md chapter
+    if any(part.startswith(".") or part == "_build" for part in collection_path.relative_to(ROOT).parts):
+        return True
+    return None
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if file_path.suffix == ".md" and file_path.parent == CHAPTERS and _nbval_enabled(parent.config):
+        return MarkdownNotebook.from_parent(parent, path=file_path)
+    return None
+
+
+def _jupytext_read(path: str, as_version: int = 4):
+    import jupytext
+
+    return jupytext.read(path)
+
+
+try:
+    from nbval.plugin import IPyNbFile
+except ImportError:  # nbval missing: plain `pytest` still runs the unit tests
+    IPyNbFile = None
+
+if IPyNbFile is not None:
+
+    class MarkdownNotebook(IPyNbFile):
+        """nbval's notebook collector, fed a jupytext-parsed ``.md`` notebook."""
+
+        def collect(self):
+            import nbval.plugin
+
+            reader = types.SimpleNamespace(read=_jupytext_read)
+            with mock.patch.object(nbval.plugin, "nbformat", reader):
+                yield from super().collect()

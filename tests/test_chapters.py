@@ -1,0 +1,92 @@
+"""Static checks on the chapter sources: front matter, the shared setup cell, Colab copies, the TOC."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import jupytext
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "chapters").glob("*.md"))
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+REPO_URL = CONFIG["repository"]["url"]
+
+# The first code cell of every chapter, word for word (the URL comes from _config.yml).
+SETUP_CELL = '''\
+# Setup (the same in every chapter): on Colab, install tfm_course; everywhere, seed and pick the device.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "tfm_course @ git+{url}"], check=True)
+
+from tfm_course.device import describe, get_device, seed_everything
+
+device = get_device()
+seed_everything(0)
+print("running on", describe(device))'''
+
+
+def _code_cells(path: Path) -> list:
+    return [c for c in jupytext.read(path).cells if c.cell_type == "code"]
+
+
+def test_there_are_chapters():
+    assert CHAPTERS, "no chapters/*.md found"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_is_a_jupytext_notebook(path: Path):
+    head = path.read_text(encoding="utf-8")[:2000]
+    assert head.startswith("---\n") and "kernelspec:" in head and "format_name: myst" in head
+    assert re.match(r"\d\d-[a-z0-9-]+\.md$", path.name), "chapters are named NN-slug.md"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_setup_cell_installs_from_configured_repository(path: Path):
+    first = _code_cells(path)[0]
+    assert first.source.strip() == SETUP_CELL.format(url=REPO_URL), (
+        f"{path.name}: the first code cell must be the shared setup cell (see tests/test_chapters.py)"
+    )
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_has_checked_exercises_and_citations(path: Path):
+    text = path.read_text(encoding="utf-8")
+    assert len(set(re.findall(r"\bch\d\d\.check_\w+\(", text))) >= 3, "at least 3 auto-checked exercises"
+    assert "{cite" in text, "cite the papers the chapter relies on"
+    assert "```{bibliography}" in text, "end with the chapter's own references"
+    assert "glue(" in text, "numbers in prose are glued from executed code"
+    assert ":class: dropdown" in text, "solutions sit in collapsed dropdowns"
+
+
+def test_every_chapter_is_in_the_toc_and_vice_versa():
+    toc = (ROOT / "_toc.yml").read_text()
+    listed = set(re.findall(r"file:\s*(chapters/[\w-]+)", toc))
+    assert listed == {f"chapters/{p.stem}" for p in CHAPTERS}
+    for page in re.findall(r"file:\s*(book/[\w-]+)", toc):
+        assert (ROOT / f"{page}.md").exists(), page
+
+
+def test_colab_notebooks_are_in_sync():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from colab_notebooks import stale_notebooks
+    finally:
+        sys.path.pop(0)
+    stale = stale_notebooks()
+    assert not stale, f"regenerate with `python tools/colab_notebooks.py`: {stale}"
+
+
+def test_colab_notebooks_have_no_outputs():
+    import json
+
+    for path in (ROOT / "chapters").glob("*.ipynb"):
+        nb = json.loads(path.read_text())
+        assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name

@@ -1,0 +1,317 @@
+"""Scaled dot-product attention, its masks, and multi-head attention.
+
+Conventions used everywhere in tfm_course:
+
+* batch-first tensors; per-head tensors are ``(batch, heads, seq, d_head)``;
+* a mask is **boolean, True = may attend** (PyTorch's ``F.scaled_dot_product_attention``
+  convention) and broadcasts to the score shape ``(..., n_q, n_k)``;
+* a query row whose keys are all masked gets an output of **zeros**, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "fused_attention",
+    "causal_mask",
+    "padding_mask",
+    "check_mask",
+    "split_heads",
+    "merge_heads",
+    "MultiHeadAttention",
+]
+
+
+# --------------------------------------------------------------------------- validation
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
+        raise ValueError(
+            f"q, k, v need at least 2 dims (..., seq, d); got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must share d_k: q is {tuple(q.shape)} (..., n_q, d_k), "
+            f"k is {tuple(k.shape)} (..., n_k, d_k)"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same number of keys n_k: k is {tuple(k.shape)}, "
+            f"v is {tuple(v.shape)}"
+        )
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading (batch) dims of q {tuple(q.shape)}, k {tuple(k.shape)} and "
+            f"v {tuple(v.shape)} do not broadcast"
+        ) from None
+
+
+def check_mask(mask: Tensor, score_shape: tuple[int, ...] | torch.Size) -> None:
+    """Raise ``ValueError`` unless ``mask`` is boolean and broadcasts to ``score_shape``.
+
+    The mask may have fewer dims than the scores, but broadcasting must not *grow* the scores:
+    a ``(batch, n_k)`` padding mask against ``(batch, heads, n_q, n_k)`` scores would silently
+    line its batch axis up with ``n_q``, so it is rejected.
+    """
+    score_shape = tuple(score_shape)
+    if mask.dtype != torch.bool:
+        raise ValueError(
+            f"mask must be a bool tensor (True = may attend), got dtype {mask.dtype}"
+        )
+    try:
+        out = torch.broadcast_shapes(tuple(mask.shape), score_shape)
+    except RuntimeError:
+        out = None
+    if out != score_shape:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention scores "
+            f"(..., n_q, n_k) = {score_shape}; a key-padding mask (batch, n_k) needs "
+            "mask[:, None, None, :] for (batch, heads, n_q, n_k) scores"
+        )
+
+
+def _check_bias(bias: Tensor, score_shape: tuple[int, ...] | torch.Size) -> None:
+    if not bias.is_floating_point():
+        raise ValueError(f"bias must be a float tensor added to the scores, got dtype {bias.dtype}")
+    try:
+        out = torch.broadcast_shapes(tuple(bias.shape), tuple(score_shape))
+    except RuntimeError:
+        out = None
+    if out != tuple(score_shape):
+        raise ValueError(
+            f"bias of shape {tuple(bias.shape)} does not broadcast to the attention scores "
+            f"(..., n_q, n_k) = {tuple(score_shape)}"
+        )
+
+
+# --------------------------------------------------------------------------- masks
+def causal_mask(n: int, device: torch.device | str | None = None) -> Tensor:
+    """Boolean ``(n, n)``: True on and below the diagonal (query i may attend keys 0..i)."""
+    if n < 0:
+        raise ValueError(f"n must be non-negative, got {n}")
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
+    """Boolean ``(batch, max_len)``: True for real tokens, False for padding.
+
+    ``lengths`` is ``(batch,)``. Use ``m[:, None, None, :]`` as a *key*-padding mask for
+    ``(batch, heads, n_q, n_k)`` scores, or ``m[:, None, :]`` for ``(batch, n_q, n_k)``.
+    """
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D (batch,), got shape {tuple(lengths.shape)}")
+    longest = int(lengths.max()) if lengths.numel() else 0
+    max_len = longest if max_len is None else max_len
+    if longest > max_len:
+        raise ValueError(f"a length {longest} exceeds max_len {max_len}")
+    return torch.arange(max_len, device=lengths.device) < lengths[:, None]
+
+
+# --------------------------------------------------------------------------- attention
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    return_weights: bool = False,
+    dropout_p: float = 0.0,
+    bias: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """softmax(q kᵀ / √d_k + bias) v, written out so every step can be inspected.
+
+    Shapes: q ``(..., n_q, d_k)``, k ``(..., n_k, d_k)``, v ``(..., n_k, d_v)``, optional boolean
+    ``mask`` broadcastable to ``(..., n_q, n_k)`` with True = may attend, optional float ``bias``
+    broadcastable to the same shape, added to the scaled scores (ALiBi, T5 relative bias).
+    Returns the output ``(..., n_q, d_v)``, or ``(output, weights)`` with weights ``(..., n_q, n_k)``.
+
+    The softmax runs in fp32 whatever the input dtype; masked scores are filled with the most
+    negative finite number of that dtype (not ``-inf``), and rows with no allowed key get zero
+    weights, so a fully masked row yields zeros instead of NaN.
+    """
+    _check_qkv(q, k, v)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., n_q, n_k)
+    scores = scores.float()
+    if bias is not None:
+        _check_bias(bias, scores.shape)
+        scores = scores + bias.float()
+    if mask is not None:
+        check_mask(mask, scores.shape)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # empty rows: uniform -> zeros
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    output = weights.to(v.dtype) @ v
+    return (output, weights.to(q.dtype)) if return_weights else output
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """The same maths through PyTorch's fused kernel ``F.scaled_dot_product_attention``.
+
+    Faster and lighter (the ``(n_q, n_k)`` weights are never stored), but it cannot return the
+    weights. Fully masked rows are given one dummy key and then zeroed, to match
+    :func:`scaled_dot_product_attention` instead of returning NaN.
+    """
+    _check_qkv(q, k, v)
+    score_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
+    if bias is not None:
+        _check_bias(bias, score_shape)
+        bias = bias.to(q.dtype)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+    check_mask(mask, score_shape)
+    row_ok = mask.any(dim=-1, keepdim=True)  # (..., n_q, 1)
+    if not bool(row_ok.all()):
+        mask = mask | ~row_ok  # let empty rows attend somewhere; zeroed below
+    attn_mask = mask if bias is None else bias.masked_fill(~mask, torch.finfo(q.dtype).min)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    return out.masked_fill(~row_ok, 0.0)
+
+
+# --------------------------------------------------------------------------- heads
+def split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """``(batch, seq, heads * d_head)`` -> ``(batch, heads, seq, d_head)``.
+
+    ``view`` to ``(batch, seq, heads, d_head)`` *then* ``transpose``: viewing straight to
+    ``(batch, heads, seq, d_head)`` runs without error but mixes positions across heads.
+    """
+    batch, seq, width = x.shape
+    if width % num_heads:
+        raise ValueError(f"width {width} of {tuple(x.shape)} is not divisible by {num_heads} heads")
+    return x.view(batch, seq, num_heads, width // num_heads).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """``(batch, heads, seq, d_head)`` -> ``(batch, seq, heads * d_head)``; inverse of split_heads."""
+    batch, heads, seq, d_head = x.shape
+    return x.transpose(1, 2).reshape(batch, seq, heads * d_head)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, batch-first, with optional grouped-query heads.
+
+    Args:
+        d_model: width of the model; split into ``num_heads`` heads of ``d_model // num_heads``.
+        num_heads: query heads.
+        num_kv_heads: key/value heads (default ``num_heads``). ``1`` is multi-query attention,
+            anything in between grouped-query attention; each K/V head serves
+            ``num_heads // num_kv_heads`` query heads.
+        bias: whether the four projections have biases.
+        dropout: dropout on the attention weights (training only).
+        fused: use ``F.scaled_dot_product_attention`` unless weights are requested.
+        rotary: optional module ``rotary(q, k) -> (q, k)`` applied to the per-head queries and
+            keys ``(batch, heads, seq, d_head)`` before the scores (RoPE, chapter 2).
+
+    ``forward(query, key=None, value=None, mask=None, need_weights=False, position_bias=None)``:
+    ``position_bias`` is an optional float tensor added to the scores (ALiBi, T5). query
+    ``(batch, n_q, d_model)``, key/value ``(batch, n_k, d_model)`` (default: the query, i.e.
+    self-attention), boolean mask broadcastable to ``(batch, heads, n_q, n_k)``, True = may attend.
+    Returns ``(batch, n_q, d_model)``, or ``(output, weights)`` with weights
+    ``(batch, heads, n_q, n_k)`` when ``need_weights``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        fused: bool = True,
+        rotary: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if d_model % num_heads:
+            raise ValueError(f"d_model {d_model} is not divisible by num_heads {num_heads}")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not divisible by num_kv_heads {num_kv_heads}")
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.d_head = d_model // num_heads
+        self.dropout, self.fused, self.rotary = dropout, fused, rotary
+        kv_width = num_kv_heads * self.d_head
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        position_bias: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.dim() != 3 or t.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"{name} must be (batch, seq, d_model={self.d_model}), got {tuple(t.shape)}"
+                )
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
+            raise ValueError(
+                f"batch / length mismatch: query {tuple(query.shape)}, key {tuple(key.shape)}, "
+                f"value {tuple(value.shape)}"
+            )
+        q = split_heads(self.q_proj(query), self.num_heads)  # (b, h, n_q, d_head)
+        k = split_heads(self.k_proj(key), self.num_kv_heads)  # (b, h_kv, n_k, d_head)
+        v = split_heads(self.v_proj(value), self.num_kv_heads)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k)
+        if self.num_kv_heads != self.num_heads:  # each K/V head serves a group of query heads
+            group = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        if mask is not None:
+            check_mask(mask, (query.shape[0], self.num_heads, query.shape[1], key.shape[1]))
+        p = self.dropout if self.training else 0.0
+        if need_weights or not self.fused:
+            out, weights = scaled_dot_product_attention(
+                q, k, v, mask, return_weights=True, dropout_p=p, bias=position_bias
+            )
+        else:
+            out, weights = fused_attention(q, k, v, mask, dropout_p=p, bias=position_bias), None
+        out = self.out_proj(merge_heads(out))
+        return (out, weights) if need_weights else out
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
+        """A copy of PyTorch's ``nn.MultiheadAttention`` (packed in-projection, with or without bias).
+
+        Remember PyTorch's masks are the other way round (True = *blocked*) and that
+        ``batch_first=False`` modules take ``(seq, batch, d)`` inputs.
+        """
+        if not m._qkv_same_embed_dim:
+            raise ValueError("only nn.MultiheadAttention with kdim == vdim == embed_dim is supported")
+        ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout)
+        ours = ours.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
+        wq, wk, wv = m.in_proj_weight.detach().chunk(3)
+        with torch.no_grad():
+            for proj, w in ((ours.q_proj, wq), (ours.k_proj, wk), (ours.v_proj, wv)):
+                proj.weight.copy_(w)
+            ours.out_proj.weight.copy_(m.out_proj.weight)
+            if m.in_proj_bias is not None:
+                bq, bk, bv = m.in_proj_bias.detach().chunk(3)
+                for proj, b in ((ours.q_proj, bq), (ours.k_proj, bk), (ours.v_proj, bv)):
+                    proj.bias.copy_(b)
+                ours.out_proj.bias.copy_(m.out_proj.bias)
+        return ours

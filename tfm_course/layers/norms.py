@@ -1,0 +1,54 @@
+"""LayerNorm and RMSNorm written out: normalise each position's feature vector on its own."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class LayerNorm(nn.Module):
+    """(x − mean) / sqrt(var + eps) · weight + bias over the last dim; equals ``nn.LayerNorm``.
+
+    The variance is the *biased* one (divide by d, not d − 1), as in PyTorch.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.weight.shape[0]:
+            raise ValueError(f"expected (..., {self.weight.shape[0]}), got {tuple(x.shape)}")
+        mean = x.mean(dim=-1, keepdim=True)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)
+        y = (x - mean) / torch.sqrt(var + self.eps) * self.weight
+        return y + self.bias if self.bias is not None else y
+
+    @classmethod
+    def from_torch(cls, m: nn.LayerNorm) -> "LayerNorm":
+        """A copy of ``nn.LayerNorm`` over the last dimension."""
+        if len(m.normalized_shape) != 1:
+            raise ValueError(f"only 1-D normalized_shape is supported, got {m.normalized_shape}")
+        ours = cls(m.normalized_shape[0], eps=m.eps, bias=m.bias is not None)
+        ours = ours.to(device=m.weight.device, dtype=m.weight.dtype)
+        with torch.no_grad():
+            ours.weight.copy_(m.weight)
+            if m.bias is not None:
+                ours.bias.copy_(m.bias)
+        return ours
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps) · weight (Zhang & Sennrich, 2019): no centring, no bias."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.weight.shape[0]:
+            raise ValueError(f"expected (..., {self.weight.shape[0]}), got {tuple(x.shape)}")
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight

@@ -1,0 +1,148 @@
+"""One small training loop used by every chapter: progress bar, AMP, clipping, schedules, history.
+
+    history = train(model, make_batch, loss_fn, steps=500, lr=3e-3, schedule=warmup_cosine(50, 500))
+
+``make_batch(step)`` returns a batch (anything: a tensor, a tuple, a dict) already on the device;
+``loss_fn(model, batch)`` returns a scalar loss. Evaluation runs every ``eval_every`` steps through
+``eval_fn(model) -> {name: value}`` and lands in ``history.metrics``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .device import autocast_dtype
+
+Schedule = Callable[[int], float]  # step (0-based) -> learning-rate multiplier
+
+
+# --------------------------------------------------------------------------- schedules
+def constant() -> Schedule:
+    """Multiplier 1 at every step."""
+    return lambda step: 1.0
+
+
+def warmup_cosine(warmup: int, total: int, floor: float = 0.1) -> Schedule:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``floor`` at ``total``."""
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return schedule
+
+
+def noam(d_model: int, warmup: int) -> Schedule:
+    """The schedule of Vaswani et al. (2017): d_model^-0.5 · min(s^-0.5, s · warmup^-1.5), s = step + 1.
+
+    Use it with ``lr=1.0`` (the formula *is* the learning rate). Note ``**``, not ``^`` (XOR in Python).
+    """
+    def schedule(step: int) -> float:
+        s = step + 1
+        return d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
+    return schedule
+
+
+# --------------------------------------------------------------------------- history
+@dataclass
+class History:
+    """What happened during training, for plots and for glued numbers."""
+
+    steps: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    metrics: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def last(self, name: str) -> float:
+        """The latest value of metric ``name`` (or ``"loss"``)."""
+        if name == "loss":
+            return self.loss[-1]
+        return self.metrics[name][-1][1]
+
+
+# --------------------------------------------------------------------------- loop
+def train(
+    model: nn.Module,
+    make_batch: Callable[[int], Any],
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+    *,
+    steps: int,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    schedule: Schedule | None = None,
+    clip: float | None = 1.0,
+    optimizer: torch.optim.Optimizer | None = None,
+    eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+    eval_every: int | None = None,
+    amp: bool = True,
+    time_limit_s: float | None = None,
+    progress: bool = True,
+    desc: str = "training",
+) -> History:
+    """Train ``model`` for ``steps`` steps of AdamW (or ``optimizer``); return a :class:`History`.
+
+    On a GPU the forward pass runs under autocast (bf16, or fp16 with a ``GradScaler``); on CPU in
+    fp32. ``clip`` is the max global gradient norm (None: no clipping). ``time_limit_s`` stops early
+    once that many seconds have passed (the history says how far it got).
+    """
+    if steps <= 0:
+        raise ValueError(f"steps must be positive, got {steps}")
+    device = next(model.parameters()).device
+    optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    base_lrs = [g["lr"] for g in optimizer.param_groups]
+    schedule = schedule or constant()
+    dtype = autocast_dtype(device) if amp else None
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+    history = History()
+    start = time.perf_counter()
+    model.train()
+    bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=0.5)
+    for step in bar:
+        multiplier = schedule(step)
+        for group, base in zip(optimizer.param_groups, base_lrs):
+            group["lr"] = base * multiplier
+        batch = make_batch(step)
+        context = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+        with context:
+            loss = loss_fn(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        history.steps.append(step)
+        history.loss.append(loss.item())
+        history.lr.append(optimizer.param_groups[0]["lr"])
+        last = step == steps - 1
+        over_time = time_limit_s is not None and time.perf_counter() - start > time_limit_s
+        if eval_fn is not None and ((eval_every and (step + 1) % eval_every == 0) or last or over_time):
+            model.eval()
+            with torch.no_grad():
+                for name, value in eval_fn(model).items():
+                    history.metrics.setdefault(name, []).append((step, float(value)))
+            model.train()
+        if step % 10 == 0 or last:
+            bar.set_postfix(loss=f"{history.loss[-1]:.4f}")
+        if over_time:
+            break
+    bar.close()
+    model.eval()
+    history.seconds = time.perf_counter() - start
+    return history
