@@ -1,0 +1,1 @@
+"""Efficient attention variants and attention-free sequence models, one module per method."""
