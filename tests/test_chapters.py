@@ -90,3 +90,17 @@ def test_colab_notebooks_have_no_outputs():
     for path in (ROOT / "chapters").glob("*.ipynb"):
         nb = json.loads(path.read_text())
         assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name
+
+
+def test_nbval_collects_the_md_chapters_and_skips_the_colab_copies():
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval", "--collect-only", "-q", "-p", "no:xdist", "chapters"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    lines = result.stdout.splitlines()
+    for path in CHAPTERS:
+        n_code = len(_code_cells(path))
+        assert sum(line.startswith(f"chapters/{path.name}::Cell ") for line in lines) == n_code, path.name
+    assert not any(".ipynb" in line for line in lines)
