@@ -22,9 +22,11 @@ __all__ = [
     "causal_mask",
     "padding_mask",
     "check_mask",
+    "masked_softmax",
     "split_heads",
     "merge_heads",
     "MultiHeadAttention",
+    "kv_cache_bytes",
 ]
 
 
@@ -59,7 +61,8 @@ def check_mask(mask: Tensor, score_shape: tuple[int, ...] | torch.Size) -> None:
 
     The mask may have fewer dims than the scores, but broadcasting must not *grow* the scores:
     a ``(batch, n_k)`` padding mask against ``(batch, heads, n_q, n_k)`` scores would silently
-    line its batch axis up with ``n_q``, so it is rejected.
+    line its batch axis up with ``n_q``, so it is rejected (unless batch happens to equal ``n_q``:
+    then it is a valid ``(n_q, n_k)`` mask, and no shape check can tell the two apart).
     """
     score_shape = tuple(score_shape)
     if mask.dtype != torch.bool:
@@ -117,6 +120,25 @@ def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
 
 
 # --------------------------------------------------------------------------- attention
+def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Softmax over the last axis (the keys) that gives masked keys zero weight.
+
+    ``scores`` ``(..., n_q, n_k)``; boolean ``mask`` broadcastable to it, True = may attend.
+    Computed in fp32 whatever the input dtype and returned in ``scores.dtype``. Masked scores are
+    filled with the most negative finite fp32 number (not ``-inf``, which makes an all-masked row
+    0/0 = NaN), and a row with no allowed key gets all-zero weights instead of uniform ones.
+    """
+    weights_dtype = scores.dtype
+    scores = scores.float()
+    if mask is not None:
+        check_mask(mask, scores.shape)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # empty rows: uniform -> zeros
+    return weights.to(weights_dtype)
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -143,12 +165,7 @@ def scaled_dot_product_attention(
     if bias is not None:
         _check_bias(bias, scores.shape)
         scores = scores + bias.float()
-    if mask is not None:
-        check_mask(mask, scores.shape)
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1)
-    if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)  # empty rows: uniform -> zeros
+    weights = masked_softmax(scores, mask)  # fp32, (..., n_q, n_k)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     output = weights.to(v.dtype) @ v
@@ -192,6 +209,8 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     ``view`` to ``(batch, seq, heads, d_head)`` *then* ``transpose``: viewing straight to
     ``(batch, heads, seq, d_head)`` runs without error but mixes positions across heads.
     """
+    if x.dim() != 3:
+        raise ValueError(f"split_heads expects (batch, seq, heads * d_head), got {tuple(x.shape)}")
     batch, seq, width = x.shape
     if width % num_heads:
         raise ValueError(f"width {width} of {tuple(x.shape)} is not divisible by {num_heads} heads")
@@ -200,6 +219,8 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
 
 def merge_heads(x: Tensor) -> Tensor:
     """``(batch, heads, seq, d_head)`` -> ``(batch, seq, heads * d_head)``; inverse of split_heads."""
+    if x.dim() != 4:
+        raise ValueError(f"merge_heads expects (batch, heads, seq, d_head), got {tuple(x.shape)}")
     batch, heads, seq, d_head = x.shape
     return x.transpose(1, 2).reshape(batch, seq, heads * d_head)
 
@@ -302,6 +323,8 @@ class MultiHeadAttention(nn.Module):
         """
         if not m._qkv_same_embed_dim:
             raise ValueError("only nn.MultiheadAttention with kdim == vdim == embed_dim is supported")
+        if m.bias_k is not None or m.add_zero_attn:
+            raise ValueError("nn.MultiheadAttention with add_bias_kv or add_zero_attn has no counterpart here")
         ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout)
         ours = ours.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
         wq, wk, wv = m.in_proj_weight.detach().chunk(3)
@@ -315,3 +338,16 @@ class MultiHeadAttention(nn.Module):
                     proj.bias.copy_(b)
                 ours.out_proj.bias.copy_(m.out_proj.bias)
         return ours
+
+
+def kv_cache_bytes(num_layers: int, num_kv_heads: int, d_head: int, bytes_per_value: int = 2) -> int:
+    """Bytes a decoder caches per token: a key and a value of ``d_head`` numbers per K/V head and layer.
+
+    ``2 * num_layers * num_kv_heads * d_head * bytes_per_value`` (2 bytes for bf16 / fp16). Multi-head
+    attention caches ``num_heads`` K/V heads, grouped-query fewer, multi-query one.
+    """
+    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
+                        ("d_head", d_head), ("bytes_per_value", bytes_per_value)):
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    return 2 * num_layers * num_kv_heads * d_head * bytes_per_value
