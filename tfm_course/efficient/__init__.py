@@ -1,1 +1,24 @@
-"""Efficient attention variants and attention-free sequence models, one module per method."""
+"""Efficient attention variants and attention-free sequence models, one module per method.
+
+* :mod:`~tfm_course.efficient.linformer` — keys/values projected from length n to k (low rank);
+* :mod:`~tfm_course.efficient.performer` — FAVOR+ positive random features (kernel trick);
+* :mod:`~tfm_course.efficient.sparse` — window / global / random masks (Longformer, BigBird);
+* :mod:`~tfm_course.efficient.retnet` — retention: parallel, recurrent and chunkwise forms;
+* :mod:`~tfm_course.efficient.mamba` — the selective scan (S6) and the Mamba block.
+
+Each module reads on its own; :mod:`tfm_course.bench` measures them side by side.
+"""
+
+from .linformer import LinformerSelfAttention, linformer_attention
+from .mamba import MambaBlock, selective_scan
+from .performer import PerformerAttention, favor_attention
+from .retnet import MultiScaleRetention, retention
+from .sparse import bigbird_mask, longformer_mask, sliding_window_mask
+
+__all__ = [
+    "linformer_attention", "LinformerSelfAttention",
+    "favor_attention", "PerformerAttention",
+    "retention", "MultiScaleRetention",
+    "selective_scan", "MambaBlock",
+    "sliding_window_mask", "longformer_mask", "bigbird_mask",
+]

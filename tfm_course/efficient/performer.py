@@ -1,0 +1,193 @@
+"""Performer (FAVOR+): softmax attention approximated with positive random features.
+
+Choromanski et al. (2021). The softmax kernel is an expectation over Gaussian ω:
+
+    exp(q · k) = E_ω[ exp(ω·q − ‖q‖²/2) · exp(ω·k − ‖k‖²/2) ],   ω ~ N(0, I_d)
+
+so with m draws ω_1..ω_m, ``φ(x) = exp(ω_i·x − ‖x‖²/2) / √m`` gives ``exp(q·k) ≈ φ(q)·φ(k)``.
+Applied to ``q·d^(−1/4)`` and ``k·d^(−1/4)`` this approximates softmax(q kᵀ/√d), and the output
+
+    out = D⁻¹ φ(Q) (φ(K)ᵀ V),   D = diag(φ(Q) φ(K)ᵀ 1)
+
+costs O(n·m·d) instead of O(n²·d): the n × n matrix is never formed. Details that matter:
+
+* **positive** features (exp, not sin/cos) keep every estimated weight ≥ 0, so D never vanishes;
+* **orthogonal** ω's (blocks of a random orthogonal matrix, rows rescaled to Gaussian norms) lower
+  the variance for the same m;
+* a **max subtraction** before exp: per query row (it cancels in D⁻¹) and one constant for all
+  keys (it cancels too) — without it exp overflows for large logits;
+* **causal** attention uses prefix sums of φ(k_j) v_jᵀ and φ(k_j) (here per chunk, so that memory
+  stays O(n·m)).
+
+The estimator's variance grows like exp(‖q + k‖²): it is accurate for small logits and poor for
+sharp attention, whatever m.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["draw_projection", "positive_random_features", "favor_attention", "PerformerAttention"]
+
+
+def draw_projection(num_features: int, dim: int, orthogonal: bool = True,
+                    generator: torch.Generator | None = None,
+                    device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Random directions ω, shape ``(num_features, dim)``, each row distributed like N(0, I).
+
+    ``orthogonal=True`` stacks independent random orthogonal d × d blocks (QR of a Gaussian
+    matrix) and rescales every row to the norm of an independent Gaussian vector (χ_d-distributed),
+    so each row is still N(0, I) but rows within a block are exactly orthogonal.
+    Drawn on the generator's device (CPU by default) and moved to ``device``.
+    """
+    if num_features < 1 or dim < 1:
+        raise ValueError(f"num_features and dim must be positive, got {num_features} and {dim}")
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+
+    def gaussian(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=generator, device=gen_device, dtype=torch.float32)
+
+    if not orthogonal:
+        omega = gaussian(num_features, dim)
+    else:
+        q, r = torch.linalg.qr(gaussian(math.ceil(num_features / dim), dim, dim))  # all blocks at once
+        q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]  # sign fix: Haar rows
+        directions = q.transpose(-2, -1).reshape(-1, dim)[:num_features]  # rows of each block
+        omega = directions * gaussian(num_features, dim).norm(dim=1, keepdim=True)
+    return omega.to(device=device, dtype=dtype)
+
+
+def positive_random_features(x: Tensor, projection: Tensor, is_query: bool) -> Tensor:
+    """φ(x) = exp(ω·x' − ‖x'‖²/2 − c) / √m with x' = x · d^(−1/4); ``(..., n, d) → (..., n, m)``.
+
+    ``projection`` is ``(m, d)``, or ``(..., m, d)`` broadcasting against x's leading dims (an
+    independent draw per batch element or head).
+
+    The stabiliser c is the row maximum of ω·x' for queries, and the maximum over the whole
+    sequence (and features) for keys; both cancel in the normalised attention.
+    """
+    dim, m = x.shape[-1], projection.shape[-2]
+    x = x * dim ** -0.25
+    logits = x @ projection.transpose(-2, -1)  # (..., n, m)
+    sq_norm = (x * x).sum(-1, keepdim=True) / 2
+    if is_query:
+        stabiliser = logits.amax(dim=-1, keepdim=True)
+    else:
+        stabiliser = logits.amax(dim=(-2, -1), keepdim=True)
+    return torch.exp(logits - sq_norm - stabiliser.detach()) / math.sqrt(m)
+
+
+def _causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk_size: int) -> Tensor:
+    """out_i = φ(q_i) Σ_{j≤i} φ(k_j) v_jᵀ / φ(q_i) · Σ_{j≤i} φ(k_j), by chunked prefix sums.
+
+    Inside a chunk the masked quadratic form; across chunks an exclusive prefix sum (cumsum) of
+    the per-chunk sums — the same numbers as a token-level prefix sum without an (n, m, d_v) tensor.
+    """
+    n = phi_q.shape[-2]
+    pad = (-n) % chunk_size  # zero features contribute nothing; padded rows are cut off below
+
+    def chunks(t: Tensor) -> Tensor:  # (..., n, c) → (..., n_chunks, chunk, c)
+        return F.pad(t, (0, 0, 0, pad)).unflatten(-2, (-1, chunk_size))
+
+    pq, pk, vv = chunks(phi_q), chunks(phi_k), chunks(v)
+    kv = pk.transpose(-2, -1) @ vv  # per chunk Σ φ(k) vᵀ: (..., n_chunks, m, d_v)
+    ksum = pk.sum(-2)  # per chunk Σ φ(k): (..., n_chunks, m)
+    kv_before = kv.cumsum(-3) - kv  # exclusive prefix sums: everything in earlier chunks
+    ksum_before = ksum.cumsum(-2) - ksum
+    tril = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()
+    local = (pq @ pk.transpose(-2, -1)).masked_fill(~tril, 0.0)  # (..., n_chunks, chunk, chunk)
+    num = local @ vv + pq @ kv_before
+    den = local.sum(-1) + (pq @ ksum_before[..., None]).squeeze(-1)
+    out = num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
+    return out.flatten(-3, -2)[..., :n, :]
+
+
+def favor_attention(q: Tensor, k: Tensor, v: Tensor, num_features: int, causal: bool = False,
+                    orthogonal: bool = True, generator: torch.Generator | None = None,
+                    projection: Tensor | None = None, chunk_size: int = 64) -> Tensor:
+    """FAVOR+ approximation of softmax(q kᵀ / √d) v, optionally causal.
+
+    Args:
+        q, k: ``(..., n, d)``; v: ``(..., n, d_v)`` (usually ``(batch, heads, n, d)``).
+        num_features: m, the number of random features.
+        causal: attend only to keys j ≤ i (prefix-sum form).
+        orthogonal, generator: how to draw the projection when none is given.
+        projection: a fixed ``(num_features, d)`` draw (from :func:`draw_projection`), so that
+            repeated calls (or a module) use the same features; ``(..., num_features, d)``
+            broadcasting against q's leading dims gives each batch element / head its own draw.
+        chunk_size: block length of the causal prefix sums (memory vs. loop length; same result).
+
+    Returns ``(..., n, d_v)`` in q's dtype; features are computed in float32 even under autocast.
+    """
+    if q.dim() < 2 or q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape (..., n, d); got {tuple(q.shape)} "
+                         f"and {tuple(k.shape)}")
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"v must be (..., n, d_v) with (..., n) = {tuple(k.shape[:-1])}; "
+                         f"got {tuple(v.shape)}")
+    if projection is None:
+        projection = draw_projection(num_features, q.shape[-1], orthogonal, generator, q.device)
+    lead = q.shape[:-2]
+    try:
+        fits = torch.broadcast_shapes(projection.shape[:-2], lead) == lead
+    except RuntimeError:
+        fits = False
+    if projection.dim() < 2 or projection.shape[-2:] != (num_features, q.shape[-1]) or not fits:
+        raise ValueError(f"projection must be (num_features, d) = {(num_features, q.shape[-1])}, "
+                         f"optionally with leading dims broadcasting to {tuple(lead)}; "
+                         f"got {tuple(projection.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    dtype = q.dtype
+    work = torch.promote_types(dtype, torch.float32)  # fp16/bf16 → fp32; fp64 stays fp64
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v, projection = q.to(work), k.to(work), v.to(work), projection.to(work)
+        phi_q = positive_random_features(q, projection, is_query=True)  # (..., n, m)
+        phi_k = positive_random_features(k, projection, is_query=False)
+        if causal:
+            out = _causal_linear_attention(phi_q, phi_k, v, chunk_size)
+        else:
+            num = phi_q @ (phi_k.transpose(-2, -1) @ v)  # (n, m)(m, d_v): never n × n
+            den = phi_q @ phi_k.sum(-2)[..., None]  # (..., n, 1)
+            out = num / den.clamp_min(torch.finfo(den.dtype).tiny)
+    return out.to(dtype)
+
+
+class PerformerAttention(nn.Module):
+    """Multi-head self-attention whose softmax is replaced by FAVOR+.
+
+    ``(batch, n, d_model) → (batch, n, d_model)``. The random projection is a buffer (saved with
+    the model, moved with ``.to()``); call :meth:`redraw_features` to draw a fresh one, e.g. every
+    few hundred training steps as the paper does.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_features: int = 64, causal: bool = False,
+                 orthogonal: bool = True, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model {d_model} is not divisible by num_heads {num_heads}")
+        self.d_model, self.num_heads, self.d_head = d_model, num_heads, d_model // num_heads
+        self.num_features, self.causal, self.orthogonal = num_features, causal, orthogonal
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.register_buffer("projection", draw_projection(num_features, self.d_head, orthogonal,
+                                                           generator))
+
+    @torch.no_grad()
+    def redraw_features(self, generator: torch.Generator | None = None) -> None:
+        """Replace the random projection by a fresh draw (same shape, device and dtype)."""
+        new = draw_projection(self.num_features, self.d_head, self.orthogonal, generator)
+        self.projection.copy_(new)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (batch, n, d_model={self.d_model}), got {tuple(x.shape)}")
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        out = favor_attention(q, k, v, self.num_features, causal=self.causal,
+                              projection=self.projection)
+        return self.out_proj(out.transpose(1, 2).reshape(b, n, self.d_model))
