@@ -195,11 +195,12 @@ def fused_attention(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
     check_mask(mask, score_shape)
     row_ok = mask.any(dim=-1, keepdim=True)  # (..., n_q, 1)
-    if not bool(row_ok.all()):
+    has_empty_rows = not bool(row_ok.all())
+    if has_empty_rows:
         mask = mask | ~row_ok  # let empty rows attend somewhere; zeroed below
     attn_mask = mask if bias is None else bias.masked_fill(~mask, torch.finfo(q.dtype).min)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
-    return out.masked_fill(~row_ok, 0.0)
+    return out.masked_fill(~row_ok, 0.0) if has_empty_rows else out
 
 
 # --------------------------------------------------------------------------- heads
