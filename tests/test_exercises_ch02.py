@@ -1,0 +1,294 @@
+"""Chapter 2 checkers: each accepts the reference and rejects typical mistakes with the right words."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tfm_course.exercises import ch02
+from tfm_course.positional import (
+    RotaryEmbedding,
+    alibi_bias,
+    alibi_slopes,
+    relative_position_bucket,
+    rotate_half,
+    sinusoidal_encoding,
+)
+
+
+def verdict(checker, fn, capsys) -> tuple[bool, str]:
+    result = checker(fn)
+    return result, capsys.readouterr().out
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+CHECKERS = [ch02.check_sinusoidal, ch02.check_rope, ch02.check_alibi, ch02.check_relative_bucket]
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda c: c.__name__)
+def test_checkers_report_a_stub_as_not_attempted(checker, capsys):
+    ok, out = verdict(checker, stub, capsys)
+    assert not ok and "not attempted yet" in out
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda c: c.__name__)
+def test_checkers_report_a_crash_in_words(checker, capsys):
+    def crashes(*args, **kwargs):
+        return torch.zeros(2) @ torch.zeros(3)
+
+    ok, out = verdict(checker, crashes, capsys)
+    assert not ok and "your function raised RuntimeError" in out
+
+
+# --------------------------------------------------------------------------- sinusoidal
+def sinusoidal_loop(max_len, d):
+    pe = torch.zeros(max_len, d)
+    for p in range(max_len):
+        for i in range(d // 2):
+            pe[p, 2 * i] = math.sin(p / 10000 ** (2 * i / d))
+            pe[p, 2 * i + 1] = math.cos(p / 10000 ** (2 * i / d))
+    return pe
+
+
+@pytest.mark.parametrize("fn", [sinusoidal_encoding, sinusoidal_loop], ids=["package", "loop"])
+def test_sinusoidal_checker_accepts_correct_answers(fn, capsys):
+    ok, out = verdict(ch02.check_sinusoidal, fn, capsys)
+    assert ok and "✅" in out
+
+
+def _table(max_len, d, pair_exponent=2.0, odd_own_index=False, swap=False):
+    p = torch.arange(max_len, dtype=torch.float32)[:, None]
+    i = torch.arange(d // 2, dtype=torch.float32)
+    even = p / 10000 ** (pair_exponent * i / d)
+    odd = p / 10000 ** ((2 * i + 1) / d) if odd_own_index else even
+    pe = torch.zeros(max_len, d)
+    pe[:, 0::2], pe[:, 1::2] = (torch.cos(even), torch.sin(odd)) if swap else (torch.sin(even), torch.cos(odd))
+    return pe
+
+
+def _concatenated(max_len, d):
+    p = torch.arange(max_len, dtype=torch.float32)[:, None]
+    omega = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    return torch.cat((torch.sin(p * omega), torch.cos(p * omega)), dim=-1)
+
+
+SINUSOIDAL_WRONG = {
+    "sin/cos swapped": (lambda m, d: _table(m, d, swap=True), "sin and cos are swapped"),
+    "exponent i instead of 2i": (lambda m, d: _table(m, d, pair_exponent=1.0), "not i/d_model"),
+    "cos uses its own index": (lambda m, d: _table(m, d, odd_own_index=True), "share one frequency"),
+    "[sin | cos] halves": (_concatenated, "tensor2tensor layout"),
+    "transposed": (lambda m, d: sinusoidal_encoding(m, d).T, "is (d_model, max_len)"),
+    "integer table": (lambda m, d: sinusoidal_encoding(m, d).long(), "must be floating point"),
+    "base 1000": (lambda m, d: sinusoidal_encoding(m, d, base=1000.0), "off by up to"),
+}
+
+
+@pytest.mark.parametrize("name", SINUSOIDAL_WRONG)
+def test_sinusoidal_checker_rejects_typical_mistakes(name, capsys):
+    fn, message = SINUSOIDAL_WRONG[name]
+    ok, out = verdict(ch02.check_sinusoidal, fn, capsys)
+    assert not ok
+    assert "❌" in out and message in out
+
+
+# --------------------------------------------------------------------------- RoPE
+def rope_halves(x):
+    d = x.shape[-1]
+    theta = 10000 ** (-torch.arange(0, d, 2).float() / d)
+    angle = torch.arange(x.shape[-2]).float()[:, None] * theta
+    angle = torch.cat((angle, angle), -1)
+    return x * angle.cos() + rotate_half(x) * angle.sin()
+
+
+@pytest.mark.parametrize("fn", [lambda x: RotaryEmbedding(x.shape[-1]).rotate(x), rope_halves],
+                         ids=["package", "from scratch"])
+def test_rope_checker_accepts_correct_answers(fn, capsys):
+    ok, out = verdict(ch02.check_rope, fn, capsys)
+    assert ok and "✅" in out
+
+
+def rope_variant(x, adjacent=False, sign=1.0, exponent=2.0, start=0, reverse=False):
+    d, n = x.shape[-1], x.shape[-2]
+    theta = 10000 ** (-exponent * torch.arange(d // 2).float() / d)
+    pos = torch.arange(n).float() + start
+    angle = sign * (pos.flip(0) if reverse else pos)[:, None] * theta
+    if adjacent:
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = torch.empty_like(x)
+        out[..., 0::2] = even * angle.cos() - odd * angle.sin()
+        out[..., 1::2] = even * angle.sin() + odd * angle.cos()
+        return out
+    angle = torch.cat((angle, angle), -1)
+    return x * angle.cos() + rotate_half(x) * angle.sin()
+
+
+ROPE_WRONG = {
+    "adjacent pairs": (lambda x: rope_variant(x, adjacent=True), "adjacent pairs"),
+    "rotated by -θ": (lambda x: rope_variant(x, sign=-1.0), "rotated the wrong way"),
+    "exponent i instead of 2i": (lambda x: rope_variant(x, exponent=1.0), "fall too slowly"),
+    "positions start at 1": (lambda x: rope_variant(x, start=1), "positions start at 1"),
+    "positions reversed": (lambda x: rope_variant(x, reverse=True), "positions run backwards"),
+    "rotates nothing": (lambda x: x.clone(), "off by up to"),
+    "half precision": (lambda x: rope_halves(x).half(), "keep the input's dtype"),
+    "also rotates batch dim": (lambda x: rope_halves(x)[0], "expected (2, 3, 5, 8)"),
+}
+
+
+@pytest.mark.parametrize("name", ROPE_WRONG)
+def test_rope_checker_rejects_typical_mistakes(name, capsys):
+    fn, message = ROPE_WRONG[name]
+    ok, out = verdict(ch02.check_rope, fn, capsys)
+    assert not ok
+    assert "❌" in out and message in out
+
+
+# --------------------------------------------------------------------------- ALiBi
+def alibi_from_scratch(h, n):
+    def power_of_2(k):
+        return [2 ** (-8 / k * i) for i in range(1, k + 1)]
+
+    closest = 2 ** int(math.log2(h))
+    slopes = power_of_2(closest) + power_of_2(2 * closest)[0::2][: h - closest]
+    pos = torch.arange(n)
+    distance = (pos[:, None] - pos[None, :]).abs()
+    return -(torch.tensor(slopes)[:, None, None] * distance)[None]
+
+
+@pytest.mark.parametrize("fn", [alibi_bias, alibi_from_scratch], ids=["package", "from scratch"])
+def test_alibi_checker_accepts_correct_answers(fn, capsys):
+    ok, out = verdict(ch02.check_alibi, fn, capsys)
+    assert ok and "✅" in out
+
+
+def _with_slopes(slopes_fn):
+    def fn(h, n):
+        pos = torch.arange(n)
+        return -(slopes_fn(h)[:, None, None] * (pos[:, None] - pos[None, :]).abs())[None]
+    return fn
+
+
+def _signed(h, n):
+    pos = torch.arange(n)
+    return -(alibi_slopes(h)[:, None, None] * (pos[:, None] - pos[None, :]))[None]
+
+
+ALIBI_WRONG = {
+    "positive bias": (lambda h, n: -alibi_bias(h, n), "the sign is flipped"),
+    "slopes reversed": (_with_slopes(lambda h: alibi_slopes(h).flip(0)), "reverse order"),
+    "first slope 1": (_with_slopes(lambda h: torch.tensor([2 ** (-8 / h * i) for i in range(h)])),
+                      "one step too early"),
+    "naive non-power-of-2": (_with_slopes(lambda h: torch.tensor([2 ** (-8 / h * i) for i in range(1, h + 1)])),
+                             "6 is not a power of 2"),
+    "signed distance": (_signed, "above the diagonal your bias is positive"),
+    "no batch dim": (lambda h, n: alibi_bias(h, n)[0], "add a leading batch dim"),
+    "integer distances": (lambda h, n: alibi_bias(h, n).long(), "must be floating point"),
+}
+
+
+@pytest.mark.parametrize("name", ALIBI_WRONG)
+def test_alibi_checker_rejects_typical_mistakes(name, capsys):
+    fn, message = ALIBI_WRONG[name]
+    ok, out = verdict(ch02.check_alibi, fn, capsys)
+    assert not ok
+    assert "❌" in out and message in out
+
+
+# --------------------------------------------------------------------------- T5 buckets
+def bucket_from_scratch(rel, bidirectional, num_buckets, max_distance):
+    out = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        out += (rel > 0).long() * num_buckets
+        n = rel.abs()
+    else:
+        n = torch.clamp(-rel, min=0)
+    exact = num_buckets // 2
+    large = exact + (torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+                     * (num_buckets - exact)).long()
+    return out + torch.where(n < exact, n, large.clamp(max=num_buckets - 1))
+
+
+@pytest.mark.parametrize("fn", [relative_position_bucket, bucket_from_scratch], ids=["package", "from scratch"])
+def test_bucket_checker_accepts_correct_answers(fn, capsys):
+    ok, out = verdict(ch02.check_relative_bucket, fn, capsys)
+    assert ok and "✅" in out
+
+
+def _rounded(rel, bidirectional, num_buckets, max_distance):
+    out = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        out += (rel > 0).long() * num_buckets
+        n = rel.abs()
+    else:
+        n = torch.clamp(-rel, min=0)
+    exact = num_buckets // 2
+    large = exact + torch.round(torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+                                * (num_buckets - exact)).long()
+    return out + torch.where(n < exact, n, large.clamp(max=num_buckets - 1))
+
+
+def _unclamped(rel, bidirectional, num_buckets, max_distance):
+    out = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        out += (rel > 0).long() * num_buckets
+        n = rel.abs()
+    else:
+        n = torch.clamp(-rel, min=0)
+    exact = num_buckets // 2
+    large = exact + (torch.log(n.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+                     * (num_buckets - exact)).long()
+    return out + torch.where(n < exact, n, large)
+
+
+def _linear(rel, bidirectional, num_buckets, max_distance):
+    out = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        out += (rel > 0).long() * num_buckets
+        n = rel.abs()
+    else:
+        n = torch.clamp(-rel, min=0)
+    return out + n.clamp(max=num_buckets - 1)
+
+
+BUCKET_WRONG = {
+    "query minus key": (lambda r, b, n, m: relative_position_bucket(-r, b, n, m), "sign convention is reversed"),
+    "num_buckets not halved": (lambda r, b, n, m: relative_position_bucket(r, b, 2 * n if b else n, m),
+                               "split in two halves"),
+    "rounded log": (_rounded, "do not round it"),
+    "not clamped": (_unclamped, "does not exist"),
+    "linear, no log": (_linear, "logarithmically"),
+    "float buckets": (lambda r, b, n, m: relative_position_bucket(r, b, n, m).float(), "return integers"),
+}
+
+
+@pytest.mark.parametrize("name", BUCKET_WRONG)
+def test_bucket_checker_rejects_typical_mistakes(name, capsys):
+    fn, message = BUCKET_WRONG[name]
+    ok, out = verdict(ch02.check_relative_bucket, fn, capsys)
+    assert not ok
+    assert "❌" in out and message in out
+
+
+# --------------------------------------------------------------------------- the chapter's solutions
+def test_the_solutions_shown_in_the_chapter_pass_their_checkers(capsys):
+    import re
+    from pathlib import Path
+
+    chapter = Path(__file__).resolve().parent.parent / "chapters" / "02-positional-encoding.md"
+    blocks = re.findall(r":class: dropdown\n```python\n(.*?)```", chapter.read_text(encoding="utf-8"), re.S)
+    namespace = {"torch": torch, "math": math}
+    for block in blocks:
+        exec(block, namespace)
+    checks = {"my_sinusoidal": ch02.check_sinusoidal, "my_rope": ch02.check_rope,
+              "my_alibi": ch02.check_alibi, "my_bucket": ch02.check_relative_bucket}
+    for name, checker in checks.items():
+        ok, out = verdict(checker, namespace[name], capsys)
+        assert ok, (name, out)
