@@ -60,8 +60,9 @@ def test_setup_cell_installs_from_configured_repository(path: Path):
 def test_chapter_has_checked_exercises_and_citations(path: Path):
     text = path.read_text(encoding="utf-8")
     assert len(set(re.findall(r"\bch\d\d\.check_\w+\(", text))) >= 3, "at least 3 auto-checked exercises"
-    assert "{cite" in text, "cite the papers the chapter relies on"
-    assert "```{bibliography}" in text, "end with the chapter's own references"
+    assert "{footcite" in text, "cite the papers the chapter relies on (footcite: one list per chapter)"
+    assert "{cite" not in text, "use {footcite}: a {cite} would need a global bibliography"
+    assert "```{footbibliography}" in text, "end with the chapter's own references"
     assert "glue(" in text, "numbers in prose are glued from executed code"
     assert ":class: dropdown" in text, "solutions sit in collapsed dropdowns"
 

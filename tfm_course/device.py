@@ -6,9 +6,10 @@ cells run on a laptop CPU, in CI and on a Colab / datacenter GPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-from typing import TypeVar
+from typing import Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -74,3 +75,19 @@ def describe(device: torch.device | str | None = None) -> str:
         name += f" ({torch.get_num_threads()} threads)"
     dtype = autocast_dtype(device)
     return name + (f", autocast {str(dtype).replace('torch.', '')}" if dtype else ", fp32")
+
+
+@contextlib.contextmanager
+def one_cpu_thread(device: torch.device | str | None = None) -> Iterator[None]:
+    """Run the block on one CPU thread (on an accelerator: change nothing).
+
+    Small models train and time more steadily on one thread: a machine busy with other work (or
+    two notebooks executing side by side, as in CI) disturbs one thread far less than two.
+    """
+    threads = torch.get_num_threads()
+    if torch.device(device or get_device()).type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -29,6 +29,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.linear1.in_features:
+            raise ValueError(f"expected (..., d_model={self.linear1.in_features}), got {tuple(x.shape)}")
         hidden = self.linear1(x)
         if self.activation == "relu":
             hidden = F.relu(hidden)

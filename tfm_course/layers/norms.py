@@ -52,3 +52,20 @@ class RMSNorm(nn.Module):
         if x.shape[-1] != self.weight.shape[0]:
             raise ValueError(f"expected (..., {self.weight.shape[0]}), got {tuple(x.shape)}")
         return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+    @classmethod
+    def from_torch(cls, m: nn.Module) -> "RMSNorm":
+        """A copy of ``nn.RMSNorm`` (PyTorch >= 2.4) over the last dimension.
+
+        PyTorch's default ``eps=None`` means ``torch.finfo(dtype).eps`` of the input; the copy uses
+        that number for the module's dtype.
+        """
+        if len(m.normalized_shape) != 1:
+            raise ValueError(f"only 1-D normalized_shape is supported, got {m.normalized_shape}")
+        if m.weight is None:
+            raise ValueError("nn.RMSNorm without elementwise_affine has no weight to copy")
+        eps = m.eps if m.eps is not None else torch.finfo(m.weight.dtype).eps
+        ours = cls(m.normalized_shape[0], eps=eps).to(device=m.weight.device, dtype=m.weight.dtype)
+        with torch.no_grad():
+            ours.weight.copy_(m.weight)
+        return ours
