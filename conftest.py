@@ -7,11 +7,18 @@ by a subclass of nbval's ``IPyNbFile`` that reads the notebook through jupytext;
 
 from __future__ import annotations
 
+import os
 import types
 from pathlib import Path
 from unittest import mock
 
 import pytest
+
+# With pytest-xdist (`-n 2`), each worker and every notebook kernel it starts would otherwise use
+# all cores: two workers x two threads on a 2-core machine made small training loops up to 10x
+# slower. One thread per worker keeps the workers from fighting (kernels inherit the variable).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).parent
 CHAPTERS = ROOT / "chapters"

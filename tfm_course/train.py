@@ -85,6 +85,7 @@ def train(
     eval_every: int | None = None,
     amp: bool = True,
     time_limit_s: float | None = None,
+    stop_when: Callable[["History"], bool] | None = None,
     progress: bool = True,
     desc: str = "training",
 ) -> History:
@@ -92,7 +93,8 @@ def train(
 
     On a GPU the forward pass runs under autocast (bf16, or fp16 with a ``GradScaler``); on CPU in
     fp32. ``clip`` is the max global gradient norm (None: no clipping). ``time_limit_s`` stops early
-    once that many seconds have passed (the history says how far it got).
+    once that many seconds have passed (the history says how far it got). ``stop_when(history)``
+    is asked after each evaluation; True stops training early (e.g. once a goal metric is reached).
     """
     if steps <= 0:
         raise ValueError(f"steps must be positive, got {steps}")
@@ -138,6 +140,8 @@ def train(
                 for name, value in eval_fn(model).items():
                     history.metrics.setdefault(name, []).append((step, float(value)))
             model.train()
+            if stop_when is not None and stop_when(history):
+                break  # the goal is reached
         if step % 10 == 0 or last:
             bar.set_postfix(loss=f"{history.loss[-1]:.4f}")
         if over_time:

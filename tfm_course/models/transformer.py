@@ -1,0 +1,244 @@
+"""The encoder-decoder Transformer of Vaswani et al. (2017), for sequence-to-sequence tasks.
+
+    model = Transformer(src_vocab_size, tgt_vocab_size, d_model=128, num_heads=4,
+                        num_encoder_layers=2, num_decoder_layers=2, d_ff=512)
+    logits = model(src, tgt_in)            # (batch, T, tgt_vocab_size), teacher forcing
+
+The pieces, in the order data flows through them:
+
+1. embeddings scaled by √d_model, plus the sinusoidal positional encoding, then dropout;
+2. :class:`Encoder` — a stack of :class:`~tfm_course.layers.EncoderLayer` and a final norm;
+3. :class:`Decoder` — a stack of :class:`~tfm_course.layers.DecoderLayer` and a final norm
+   (``nn.Transformer`` adds both final norms, also in the post-LN setting);
+4. a linear projection to target-vocabulary logits (optionally tied to the target embedding).
+
+Masks are boolean, True = may attend: :func:`source_mask` (source key padding, also used by the
+cross-attention) and :func:`target_mask` (causal *and* target key padding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import causal_mask
+from ..layers import DecoderLayer, EncoderLayer, LayerNorm
+
+__all__ = ["source_mask", "target_mask", "Encoder", "Decoder", "Transformer", "sequence_loss"]
+
+
+# --------------------------------------------------------------------------- masks
+def _check_tokens(tokens: Tensor, name: str) -> None:
+    if tokens.dim() != 2 or tokens.is_floating_point():
+        raise ValueError(f"{name} must be integer token ids (batch, seq), got "
+                         f"{tuple(tokens.shape)} {tokens.dtype}")
+
+
+def source_mask(src: Tensor, pad_id: int = 0) -> Tensor:
+    """Key-padding mask ``(batch, 1, 1, S)``: True where the *key* is a real source token.
+
+    It broadcasts over heads and over queries: no query (in the encoder's self-attention or in
+    the decoder's cross-attention) may read a padded source position.
+    """
+    _check_tokens(src, "src")
+    return (src != pad_id)[:, None, None, :]
+
+
+def target_mask(tgt: Tensor, pad_id: int = 0) -> Tensor:
+    """Causal and key-padding mask ``(batch, 1, T, T)``: query t may read keys s <= t that are real.
+
+    The padding part is indexed by *key* (last axis), like :func:`source_mask`. Padded query rows
+    still see the real tokens before them, so no row is empty and nothing becomes NaN.
+    """
+    _check_tokens(tgt, "tgt")
+    keys = (tgt != pad_id)[:, None, None, :]  # (batch, 1, 1, T)
+    return keys & causal_mask(tgt.shape[1], device=tgt.device)  # (batch, 1, T, T)
+
+
+# --------------------------------------------------------------------------- stacks
+class Encoder(nn.Module):
+    """``num_layers`` encoder layers and an optional final LayerNorm: ``(B, S, d) -> (B, S, d)``."""
+
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
+                 dropout: float = 0.1, activation: str = "relu", norm_first: bool = False,
+                 final_norm: bool = True, layer_norm_eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, num_heads, d_ff, dropout=dropout, activation=activation,
+                         norm_first=norm_first, bias=bias, layer_norm_eps=layer_norm_eps)
+            for _ in range(num_layers))
+        self.norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias) if final_norm else None
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, mask=mask)
+        return self.norm(x) if self.norm is not None else x
+
+    @classmethod
+    def from_torch(cls, m: nn.TransformerEncoder) -> "Encoder":
+        """A copy of ``nn.TransformerEncoder`` (its layers and its ``norm``, if any)."""
+        ours = cls(0, 1, 1, 1, final_norm=False)
+        ours.layers = nn.ModuleList(EncoderLayer.from_torch(layer) for layer in m.layers)
+        ours.norm = LayerNorm.from_torch(m.norm) if m.norm is not None else None
+        return ours
+
+
+class Decoder(nn.Module):
+    """``num_layers`` decoder layers and an optional final LayerNorm.
+
+    ``forward(x, memory, tgt_mask=None, memory_mask=None, need_weights=False)``: ``x`` (B, T, d),
+    ``memory`` (B, S, d) -> (B, T, d); with ``need_weights`` also a list with each layer's
+    cross-attention weights (B, heads, T, S).
+    """
+
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
+                 dropout: float = 0.1, activation: str = "relu", norm_first: bool = False,
+                 final_norm: bool = True, layer_norm_eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderLayer(d_model, num_heads, d_ff, dropout=dropout, activation=activation,
+                         norm_first=norm_first, bias=bias, layer_norm_eps=layer_norm_eps)
+            for _ in range(num_layers))
+        self.norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias) if final_norm else None
+
+    def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None,
+                need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        weights = []
+        for layer in self.layers:
+            if need_weights:
+                x, w = layer(x, memory, tgt_mask, memory_mask, need_weights=True)
+                weights.append(w)
+            else:
+                x = layer(x, memory, tgt_mask, memory_mask)
+        x = self.norm(x) if self.norm is not None else x
+        return (x, weights) if need_weights else x
+
+    @classmethod
+    def from_torch(cls, m: nn.TransformerDecoder) -> "Decoder":
+        """A copy of ``nn.TransformerDecoder`` (its layers and its ``norm``, if any)."""
+        ours = cls(0, 1, 1, 1, final_norm=False)
+        ours.layers = nn.ModuleList(DecoderLayer.from_torch(layer) for layer in m.layers)
+        ours.norm = LayerNorm.from_torch(m.norm) if m.norm is not None else None
+        return ours
+
+
+# --------------------------------------------------------------------------- the model
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with token embeddings, sinusoidal positions and an output layer.
+
+    ``forward(src (B, S), tgt_in (B, T)) -> logits (B, T, tgt_vocab_size)``; masks are built from
+    ``pad_id``. ``tie_embeddings`` shares the target embedding matrix with the output projection
+    (Press & Wolf, 2017; Vaswani et al. also share it with the source embedding when the two
+    languages share a vocabulary). All matrices start with Xavier-uniform initialisation.
+    """
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512,
+                 num_heads: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+                 d_ff: int = 2048, dropout: float = 0.1, activation: str = "relu",
+                 norm_first: bool = False, max_len: int = 512, pad_id: int = 0,
+                 tie_embeddings: bool = False, layer_norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        from ..positional import sinusoidal_encoding
+
+        self.d_model, self.pad_id, self.max_len = d_model, pad_id, max_len
+        self.src_embed = nn.Embedding(src_vocab_size, d_model)
+        self.tgt_embed = nn.Embedding(tgt_vocab_size, d_model)
+        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+        stack = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout,
+                     activation=activation, norm_first=norm_first, layer_norm_eps=layer_norm_eps)
+        self.encoder = Encoder(num_encoder_layers, **stack)
+        self.decoder = Decoder(num_decoder_layers, **stack)
+        self.out_proj = nn.Linear(d_model, tgt_vocab_size)
+        self.reset_parameters()
+        if tie_embeddings:
+            self.out_proj.weight = self.tgt_embed.weight
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform for every matrix (Glorot & Bengio, 2010); vectors keep their init."""
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+
+    def embed(self, tokens: Tensor, table: nn.Embedding, offset: int = 0) -> Tensor:
+        """``(B, T)`` ids -> ``(B, T, d_model)``: embedding · √d_model + PE[offset : offset + T]."""
+        _check_tokens(tokens, "tokens")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= table.num_embeddings):
+            raise ValueError(f"token ids must lie in [0, {table.num_embeddings}), got values in "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        if offset + tokens.shape[1] > self.max_len:
+            raise ValueError(f"positions up to {offset + tokens.shape[1]} exceed max_len "
+                             f"{self.max_len}")
+        x = table(tokens) * math.sqrt(self.d_model)
+        return self.dropout(x + self.pe[offset:offset + tokens.shape[1]].to(x.dtype))
+
+    def encode(self, src: Tensor) -> Tensor:
+        """Source ids ``(B, S)`` -> memory ``(B, S, d_model)``."""
+        return self.encoder(self.embed(src, self.src_embed), mask=source_mask(src, self.pad_id))
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src: Tensor, tgt_mask: Tensor | None = None,
+               need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Decoder input ids ``(B, T)`` and memory -> logits ``(B, T, tgt_vocab)``.
+
+        ``src`` supplies the cross-attention padding mask; ``tgt_mask`` defaults to
+        :func:`target_mask`. With ``need_weights`` also each layer's cross-attention weights.
+        """
+        if memory.shape[:2] != src.shape:
+            raise ValueError(f"memory {tuple(memory.shape)} does not belong to src {tuple(src.shape)}")
+        tgt_mask = target_mask(tgt_in, self.pad_id) if tgt_mask is None else tgt_mask
+        out = self.decoder(self.embed(tgt_in, self.tgt_embed), memory, tgt_mask,
+                           source_mask(src, self.pad_id), need_weights=need_weights)
+        if need_weights:
+            return self.out_proj(out[0]), out[1]
+        return self.out_proj(out)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: logits ``(B, T, tgt_vocab)`` for every position of ``tgt_in`` at once."""
+        if src.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"src {tuple(src.shape)} and tgt_in {tuple(tgt_in.shape)} must share the batch")
+        return self.decode(tgt_in, self.encode(src), src)
+
+    @classmethod
+    def from_torch(cls, m: nn.Transformer, src_vocab_size: int, tgt_vocab_size: int,
+                   **kwargs) -> "Transformer":
+        """A model whose encoder and decoder stacks are copies of ``nn.Transformer``'s.
+
+        ``nn.Transformer`` has no embeddings or output layer; ours keep their own initialisation.
+        """
+        layer = m.encoder.layers[0]
+        ours = cls(src_vocab_size, tgt_vocab_size, d_model=m.d_model, num_heads=m.nhead,
+                   num_encoder_layers=0, num_decoder_layers=0,
+                   d_ff=layer.linear1.out_features, dropout=layer.dropout.p,
+                   norm_first=layer.norm_first, layer_norm_eps=layer.norm1.eps, **kwargs)
+        ours.encoder = Encoder.from_torch(m.encoder)
+        ours.decoder = Decoder.from_torch(m.decoder)
+        return ours.to(device=layer.linear1.weight.device)
+
+
+# --------------------------------------------------------------------------- loss
+def sequence_loss(logits: Tensor, target: Tensor, pad_id: int = 0,
+                  label_smoothing: float = 0.0) -> Tensor:
+    """Mean label-smoothed cross-entropy over the non-pad positions (Szegedy et al., 2016).
+
+    ``logits`` (..., V), ``target`` (...). The smoothed target puts 1 − ε + ε/V on the right token
+    and ε/V on every other one, so the loss is (1 − ε)·NLL + ε·mean over classes of −log p, which
+    equals ``F.cross_entropy(..., label_smoothing=ε, ignore_index=pad_id)``.
+    """
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"logits (..., V) {tuple(logits.shape)} do not match target {tuple(target.shape)}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    keep = target != pad_id
+    real = target[keep]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= logits.shape[-1]):
+        raise ValueError(f"target ids must lie in [0, {logits.shape[-1]}), got values in "
+                         f"[{int(real.min())}, {int(real.max())}]")
+    logp = F.log_softmax(logits.float(), dim=-1)
+    nll = -logp.gather(-1, target.masked_fill(~keep, 0).unsqueeze(-1)).squeeze(-1)
+    uniform = -logp.mean(dim=-1)
+    per_token = (1 - label_smoothing) * nll + label_smoothing * uniform
+    return (per_token * keep).sum() / keep.sum().clamp(min=1)
