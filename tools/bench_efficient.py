@@ -1,6 +1,6 @@
 """Measure softmax attention against its efficient variants as the sequence length doubles.
 
-    python tools/bench_efficient.py --out /work/notes/bench_efficient_cpu.md
+    python tools/bench_efficient.py --out bench_efficient.md
 
 Every method gets the same per-head width: (batch, heads, n, d_head) queries, keys and values for
 the attention-like ones, and d_inner = heads · d_head channels with N = 16 states for Mamba's scan.
