@@ -80,3 +80,10 @@ def test_warmup_cosine_and_constant_shapes():
     assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert schedule(500) == pytest.approx(0.1)
     assert constant()(123) == 1.0
+
+
+def test_without_a_live_front_end_training_prints_one_summary_line(capsys):
+    model, make_batch, loss_fn = _regression_problem()
+    history = train(model, make_batch, loss_fn, steps=30, desc="fit")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"fit: 30 steps in {history.seconds:.1f} s, final loss {history.loss[-1]:.4f}"]

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -17,9 +18,11 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+import tqdm as tqdm_text
+import tqdm.auto as tqdm_auto
 
 from .device import autocast_dtype
+from .widgets import interactive_available
 
 Schedule = Callable[[int], float]  # step (0-based) -> learning-rate multiplier
 
@@ -70,6 +73,16 @@ class History:
 
 
 # --------------------------------------------------------------------------- loop
+def _progress_bar(steps: int, desc: str, disable: bool):
+    """A live bar where someone watches: a widget in Jupyter / Colab, text in a terminal. In a
+    book build or a test (no one watching, output kept) the bar is off and one summary line is
+    printed at the end instead of a frozen snapshot or a flood of updates."""
+    if interactive_available():
+        return tqdm_auto.tqdm(range(steps), desc=desc, disable=disable, mininterval=0.5)
+    return tqdm_text.tqdm(range(steps), desc=desc, mininterval=0.5,
+                          disable=disable or not sys.stderr.isatty())
+
+
 def train(
     model: nn.Module,
     make_batch: Callable[[int], Any],
@@ -107,7 +120,7 @@ def train(
     history = History()
     start = time.perf_counter()
     model.train()
-    bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=0.5)
+    bar = _progress_bar(steps, desc, disable=not progress)
     for step in bar:
         multiplier = schedule(step)
         for group, base in zip(optimizer.param_groups, base_lrs):
@@ -143,10 +156,13 @@ def train(
             if stop_when is not None and stop_when(history):
                 break  # the goal is reached
         if step % 10 == 0 or last:
-            bar.set_postfix(loss=f"{history.loss[-1]:.4f}")
+            bar.set_postfix(loss=f"{history.loss[-1]:.4f}", refresh=False)
         if over_time:
             break
     bar.close()
     model.eval()
     history.seconds = time.perf_counter() - start
+    if progress and bar.disable:
+        print(f"{desc}: {len(history.steps)} steps in {history.seconds:.1f} s, "
+              f"final loss {history.loss[-1]:.4f}")
     return history

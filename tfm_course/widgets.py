@@ -29,7 +29,8 @@ def interactive_available() -> bool:
     if shell is None or not hasattr(shell, "kernel"):
         return False
     # jupyter-book / nbval execute through nbclient, which leaves no front end to talk to.
-    return "JPY_SESSION_NAME" in os.environ or "COLAB_RELEASE_TAG" in os.environ
+    front_ends = ("JPY_SESSION_NAME", "COLAB_RELEASE_TAG", "VSCODE_PID")  # Jupyter, Colab, VS Code
+    return any(name in os.environ for name in front_ends)
 
 
 def static_grid(plot_fn: PlotFn, name: str, values: Sequence[Any], fixed: dict[str, Any] | None = None,
