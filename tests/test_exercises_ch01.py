@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from checker_helpers import stub, verdict
 from tfm_course.attention import (
     causal_mask,
     fused_attention,
@@ -15,15 +16,6 @@ from tfm_course.attention import (
     scaled_dot_product_attention,
 )
 from tfm_course.exercises import ch01
-
-
-def verdict(checker, fn, capsys) -> tuple[bool, str]:
-    result = checker(fn)
-    return result, capsys.readouterr().out
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError
 
 
 # --------------------------------------------------------------------------- causal mask

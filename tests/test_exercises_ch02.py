@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from checker_helpers import stub, verdict
 from tfm_course.exercises import ch02
 from tfm_course.positional import (
     RotaryEmbedding,
@@ -16,15 +17,6 @@ from tfm_course.positional import (
     rotate_half,
     sinusoidal_encoding,
 )
-
-
-def verdict(checker, fn, capsys) -> tuple[bool, str]:
-    result = checker(fn)
-    return result, capsys.readouterr().out
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError
 
 
 CHECKERS = [ch02.check_sinusoidal, ch02.check_rope, ch02.check_alibi, ch02.check_relative_bucket]

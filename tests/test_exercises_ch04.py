@@ -6,17 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from checker_helpers import stub, verdict
 from tfm_course.exercises import ch04
 from tfm_course.layers import FeedForward, LayerNorm, RMSNorm
-
-
-def verdict(checker, fn, capsys) -> tuple[bool, str]:
-    result = checker(fn)
-    return result, capsys.readouterr().out
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError
 
 
 def rejects(checker, fn, message, capsys) -> None:
