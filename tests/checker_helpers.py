@@ -14,3 +14,10 @@ def verdict(checker: Callable, fn: Callable, capsys) -> tuple[bool, str]:
 def stub(*args, **kwargs):
     """A learner's unfinished exercise."""
     raise NotImplementedError
+
+
+def rejects(checker: Callable, fn: Callable, message: str, capsys) -> None:
+    """Assert that ``checker`` rejects ``fn`` and says ``message`` while doing so."""
+    ok, out = verdict(checker, fn, capsys)
+    assert not ok
+    assert "❌" in out and message in out, out

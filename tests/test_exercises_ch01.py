@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from checker_helpers import stub, verdict
+from checker_helpers import rejects, stub, verdict
 from tfm_course.attention import (
     causal_mask,
     fused_attention,
@@ -40,9 +40,7 @@ CAUSAL_WRONG = {
 @pytest.mark.parametrize("name", CAUSAL_WRONG)
 def test_causal_mask_checker_rejects_typical_mistakes(name, capsys):
     fn, message = CAUSAL_WRONG[name]
-    ok, out = verdict(ch01.check_causal_mask, fn, capsys)
-    assert not ok
-    assert "❌" in out and message in out
+    rejects(ch01.check_causal_mask, fn, message, capsys)
 
 
 def test_causal_mask_checker_reports_a_stub_as_not_attempted(capsys):
@@ -76,9 +74,7 @@ PADDING_WRONG = {
 @pytest.mark.parametrize("name", PADDING_WRONG)
 def test_padding_mask_checker_rejects_typical_mistakes(name, capsys):
     fn, message = PADDING_WRONG[name]
-    ok, out = verdict(ch01.check_padding_mask, fn, capsys)
-    assert not ok
-    assert "❌" in out and message in out
+    rejects(ch01.check_padding_mask, fn, message, capsys)
 
 
 def test_padding_mask_checker_reports_a_stub_as_not_attempted(capsys):
@@ -124,9 +120,7 @@ SOFTMAX_WRONG = {
 @pytest.mark.parametrize("name", SOFTMAX_WRONG)
 def test_masked_softmax_checker_rejects_typical_mistakes(name, capsys):
     fn, message = SOFTMAX_WRONG[name]
-    ok, out = verdict(ch01.check_masked_softmax, fn, capsys)
-    assert not ok
-    assert "❌" in out and message in out
+    rejects(ch01.check_masked_softmax, fn, message, capsys)
 
 
 def test_masked_softmax_checker_reports_a_stub_as_not_attempted(capsys):
@@ -188,9 +182,7 @@ ATTENTION_WRONG = {
 @pytest.mark.parametrize("name", ATTENTION_WRONG)
 def test_attention_checker_rejects_typical_mistakes(name, capsys):
     fn, message = ATTENTION_WRONG[name]
-    ok, out = verdict(ch01.check_scaled_dot_product_attention, fn, capsys)
-    assert not ok
-    assert "❌" in out and message in out
+    rejects(ch01.check_scaled_dot_product_attention, fn, message, capsys)
 
 
 def test_attention_checker_reports_a_stub_as_not_attempted(capsys):

@@ -6,15 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checker_helpers import stub, verdict
+from checker_helpers import rejects, stub, verdict
 from tfm_course.exercises import ch04
 from tfm_course.layers import FeedForward, LayerNorm, RMSNorm
-
-
-def rejects(checker, fn, message, capsys) -> None:
-    ok, out = verdict(checker, fn, capsys)
-    assert not ok
-    assert "❌" in out and message in out, out
 
 
 # --------------------------------------------------------------------------- LayerNorm
