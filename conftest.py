@@ -3,10 +3,15 @@
 nbval only collects ``.ipynb`` files. Here the ``.md`` chapters (jupytext notebooks) are collected
 by a subclass of nbval's ``IPyNbFile`` that reads the notebook through jupytext; the generated
 ``chapters/*.ipynb`` Colab copies are skipped, so each chapter runs exactly once.
+
+A ``.md`` notebook stores no outputs, so nbval would only check that its cells run. Cells marked
+``# NBVAL_CHECK_OUTPUT`` get their reviewed outputs from ``tests/expected_outputs/`` (see
+``tools/expected_outputs.py``), and nbval compares those.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import types
 from pathlib import Path
@@ -42,10 +47,17 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     return None
 
 
+def _expected_outputs():
+    spec = importlib.util.spec_from_file_location("expected_outputs", ROOT / "tools" / "expected_outputs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _jupytext_read(path: str, as_version: int = 4):
     import jupytext
 
-    return jupytext.read(path)
+    return _expected_outputs().attach(jupytext.read(path), Path(path))
 
 
 try:
@@ -57,6 +69,10 @@ if IPyNbFile is not None:
 
     class MarkdownNotebook(IPyNbFile):
         """nbval's notebook collector, fed a jupytext-parsed ``.md`` notebook."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.skip_compare = self.skip_compare + _expected_outputs().GLUE_MIMES
 
         def collect(self):
             import nbval.plugin

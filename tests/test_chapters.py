@@ -105,3 +105,55 @@ def test_nbval_collects_the_md_chapters_and_skips_the_colab_copies():
         n_code = len(_code_cells(path))
         assert sum(line.startswith(f"chapters/{path.name}::Cell ") for line in lines) == n_code, path.name
     assert not any(".ipynb" in line for line in lines)
+
+
+def _expected_outputs():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import expected_outputs
+    finally:
+        sys.path.pop(0)
+    return expected_outputs
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_cells_marked_check_output_have_a_current_record(path):
+    eo = _expected_outputs()
+    marked = {eo.cell_key(c.source) for c in _code_cells(path) if eo.is_marked(c)}
+    recorded = set(eo.load(path))
+    assert marked, f"{path.name}: mark at least one deterministic key-result cell # NBVAL_CHECK_OUTPUT"
+    assert marked == recorded, (
+        f"{path.name}: {len(marked - recorded)} marked cell(s) without a record, "
+        f"{len(recorded - marked)} stale record(s): run `python tools/expected_outputs.py {path.relative_to(ROOT)}` "
+        "and review the diff")
+    for key, record in eo.load(path).items():
+        assert record["outputs"], f"{path.name}: the marked cell {record['source'][1:]} prints nothing to compare"
+
+
+def test_nbval_compares_a_marked_cell_and_catches_a_changed_output(tmp_path):
+    """A marked cell whose recorded output no longer matches fails under `pytest --nbval`."""
+    import json
+    import subprocess
+
+    eo = _expected_outputs()
+    chapter = tmp_path / "chapters" / "01-demo.md"
+    chapter.parent.mkdir()
+    chapter.write_text(CHAPTERS[0].read_text().split("```{code-cell}")[0]  # the front matter
+                       + "```{code-cell} ipython3\n# NBVAL_CHECK_OUTPUT\nprint(6 * 7)\n```\n")
+    (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "expected_outputs.py").write_text((ROOT / "tools" / "expected_outputs.py").read_text())
+    key = eo.cell_key("# NBVAL_CHECK_OUTPUT\nprint(6 * 7)")
+    records = tmp_path / "tests" / "expected_outputs"
+    records.mkdir(parents=True)
+
+    def run_with(text):
+        out = {"output_type": "stream", "name": "stdout", "text": text}
+        (records / "01-demo.json").write_text(json.dumps({key: {"source": [], "outputs": [out]}}))
+        return subprocess.run([sys.executable, "-m", "pytest", "--nbval", "-q", "-p", "no:xdist",
+                               "-p", "no:cacheprovider", "chapters"],
+                              cwd=tmp_path, capture_output=True, text=True)
+
+    assert run_with("42\n").returncode == 0
+    wrong = run_with("43\n")
+    assert wrong.returncode != 0 and "Cell outputs differ" in wrong.stdout, wrong.stdout[-2000:]
