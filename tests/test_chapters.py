@@ -128,6 +128,10 @@ def test_cells_marked_check_output_have_a_current_record(path):
         "and review the diff")
     for key, record in eo.load(path).items():
         assert record["outputs"], f"{path.name}: the marked cell {record['source'][1:]} prints nothing to compare"
+        shown = [out.get("data", {}).get("text/plain", "") for out in record["outputs"]]
+        assert not any(text.startswith("<Figure") for text in shown), (
+            f"{path.name}: the marked cell {record['source'][1:]} draws a figure; whether a figure "
+            "is displayed depends on the matplotlib backend, so move the plot to its own cell")
 
 
 def test_nbval_compares_a_marked_cell_and_catches_a_changed_output(tmp_path):
