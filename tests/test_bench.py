@@ -25,6 +25,23 @@ def test_time_fn_counts_calls_and_returns_a_duration():
     assert len(calls) == 1  # stops after the first run once the budget is spent
 
 
+def test_time_fn_min_is_the_fastest_run_and_median_the_middle_one():
+    import time as _time
+
+    delays = iter([0.0, 0.03, 0.001, 0.02])  # warm-up, then three timed runs
+
+    def sleepy():
+        _time.sleep(next(delays))
+
+    fastest = time_fn(sleepy, repeats=3, warmup=1, stat="min")
+    assert 0.001 <= fastest < 0.02
+    delays = iter([0.0, 0.03, 0.001, 0.02])
+    middle = time_fn(sleepy, repeats=3, warmup=1)
+    assert 0.02 <= middle < 0.03
+    with pytest.raises(ValueError, match="stat"):
+        time_fn(lambda: None, stat="mean")
+
+
 def test_saved_tensor_bytes_of_a_matmul_is_its_inputs():
     a = torch.randn(8, 16, requires_grad=True)
     b = torch.randn(16, 4, requires_grad=True)

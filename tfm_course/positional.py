@@ -144,7 +144,9 @@ class RotaryEmbedding(nn.Module):
     ``rotary(q, k, offset=0) -> (q, k)`` with q, k ``(batch, heads, seq, d_head)`` holding the same
     ``seq`` tokens at positions ``offset, offset + 1, ...`` (with a KV cache: rotate the new keys
     before appending them). Use :meth:`rotate` to rotate one tensor at its own positions. Angles
-    are computed in fp32 whatever the input dtype.
+    are computed in fp32 whatever the input dtype. ``MultiHeadAttention(rotary=...)`` calls
+    ``rotary(q, k)`` without an offset (whole sequences from position 0), and
+    :class:`~tfm_course.decoding.KVCache` does not support rotary attention yet.
     """
 
     def __init__(self, d_head: int, base: float = 10000.0) -> None:
