@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tfm_course.train import History, constant, noam, train, warmup_cosine
+from tfm_course.train import History, constant, noam, train, warmup_cosine, warmup_times_cosine
 
 
 def _regression_problem():
@@ -80,6 +80,30 @@ def test_warmup_cosine_and_constant_shapes():
     assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert schedule(500) == pytest.approx(0.1)
     assert constant()(123) == 1.0
+
+
+def test_warmup_times_cosine_differs_from_no_warmup_only_during_warmup():
+    total, floor = 100, 0.1
+    cold = warmup_times_cosine(0, total, floor)
+    cosine = [floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * s / total)) for s in range(total)]
+    assert [cold(s) for s in range(total)] == pytest.approx(cosine)
+    assert [cold(s) for s in range(total)] == pytest.approx([warmup_cosine(0, total, floor)(s) for s in range(total)])
+    for warmup in (1, 10, 25):
+        warm = warmup_times_cosine(warmup, total, floor)
+        assert [warm(s) for s in range(warmup - 1, total)] == pytest.approx(cosine[warmup - 1:])  # same decay
+        for s in range(warmup - 1):                                   # linear ramp times the cosine
+            assert warm(s) == pytest.approx((s + 1) / warmup * cosine[s])
+            assert warm(s) < cold(s)
+    assert cold(total) == pytest.approx(floor) and cold(10 * total) == pytest.approx(floor)
+    # warmup_cosine starts its cosine only after the warm-up: a later, different decay
+    assert warmup_cosine(25, total, floor)(50) > warmup_times_cosine(25, total, floor)(50)
+
+
+def test_warmup_times_cosine_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="warmup"):
+        warmup_times_cosine(-1, 100)
+    with pytest.raises(ValueError, match="total"):
+        warmup_times_cosine(10, 0)
 
 
 def test_without_a_live_front_end_training_prints_one_summary_line(capsys):

@@ -43,6 +43,25 @@ def warmup_cosine(warmup: int, total: int, floor: float = 0.1) -> Schedule:
     return schedule
 
 
+def warmup_times_cosine(warmup: int, total: int, floor: float = 0.1) -> Schedule:
+    """One cosine from 1 at step 0 to ``floor`` at ``total``, times a linear warm-up factor
+    ``min(1, (step + 1) / warmup)``.
+
+    Unlike :func:`warmup_cosine`, the cosine does not wait for the warm-up to end: runs that differ
+    only in ``warmup`` get the same learning rate once the warm-up is over (from step ``warmup - 1``
+    on), so warm-up is the only difference between them. ``warmup=0`` gives the plain cosine (the same as
+    ``warmup_cosine(0, total, floor)``).
+    """
+    if warmup < 0 or total <= 0:
+        raise ValueError(f"need warmup >= 0 and total > 0, got warmup={warmup}, total={total}")
+
+    def schedule(step: int) -> float:
+        ramp = min(1.0, (step + 1) / warmup) if warmup else 1.0
+        progress = min(1.0, step / total)
+        return ramp * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return schedule
+
+
 def noam(d_model: int, warmup: int) -> Schedule:
     """The schedule of Vaswani et al. (2017): d_model^-0.5 · min(s^-0.5, s · warmup^-1.5), s = step + 1.
 

@@ -17,7 +17,7 @@ class EncoderLayer(nn.Module):
 
         x = norm1(x + dropout(self_attn(x)));  x = norm2(x + dropout(ffn(x)))
 
-    Pre-LN (``norm_first=True``, Xiong et al. 2020)::
+    Pre-LN (``norm_first=True``; in tensor2tensor and GPT-2, analysed by Xiong et al. 2020)::
 
         x = x + dropout(self_attn(norm1(x)));  x = x + dropout(ffn(norm2(x)))
 

@@ -15,6 +15,10 @@ class FeedForward(nn.Module):
       ReLU and d_ff = 4 · d_model; BERT and GPT use GELU).
     * ``swiglu``: W2 · (SiLU(W1 x) ⊙ W3 x), Shazeer (2020); it has three matrices, so at matched
       parameter count its hidden width is usually 2/3 of a ReLU block's.
+
+    Naming trap for SwiGLU: ``linear1`` is W1, the branch through the SiLU (the *gate* in GLU
+    terms; LLaMA's ``w1`` / Hugging Face's ``gate_proj``), and the attribute ``gate`` is W3, the
+    *linear* branch (LLaMA's ``w3`` / ``up_proj``). ``linear2`` is W2 (``w2`` / ``down_proj``).
     """
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
