@@ -37,3 +37,10 @@ def test_by_device_scales_up_only_on_an_accelerator():
     assert dev.by_device(cpu=1, gpu=10, device="cpu") == 1
     assert dev.by_device(cpu=1, gpu=10, device="cuda") == 10
     assert dev.describe("cpu").startswith("cpu")
+
+
+def test_describe_counts_cpu_threads_in_words():
+    with dev.one_cpu_thread("cpu"):
+        assert dev.describe("cpu") == "cpu (1 thread), fp32"
+    threads = torch.get_num_threads()
+    assert dev.describe("cpu") == f"cpu ({threads} thread{'s' if threads != 1 else ''}), fp32"

@@ -72,7 +72,8 @@ def describe(device: torch.device | str | None = None) -> str:
     if device.type == "cuda":
         name += f" ({torch.cuda.get_device_name(device)})"
     elif device.type == "cpu":
-        name += f" ({torch.get_num_threads()} threads)"
+        threads = torch.get_num_threads()
+        name += f" ({threads} thread{'s' if threads != 1 else ''})"
     dtype = autocast_dtype(device)
     return name + (f", autocast {str(dtype).replace('torch.', '')}" if dtype else ", fp32")
 
