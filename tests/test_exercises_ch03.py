@@ -17,10 +17,6 @@ def verdict(capsys, checker, fn) -> tuple[bool, str]:
     return ok, capsys.readouterr().out
 
 
-def not_attempted(*args, **kwargs):
-    raise NotImplementedError
-
-
 # --------------------------------------------------------------------------- split heads
 def split_view_bug(x, h):
     b, n, d = x.shape
@@ -46,7 +42,6 @@ def split_crashes(x, h):
     (split_no_transpose, "forgot transpose(1, 2)"),
     (split_interleaved, "interleaved"),
     (split_crashes, "raised RuntimeError"),
-    (not_attempted, "not attempted yet"),
 ])
 def test_check_split_heads_rejects(capsys, wrong, message):
     ok, out = verdict(capsys, ch03.check_split_heads, wrong)
@@ -85,7 +80,6 @@ def merge_not_flattened(x):
     (merge_noncontiguous_view, "not contiguous"),
     (merge_heads_last, "interleaved"),
     (merge_not_flattened, "not concatenated"),
-    (not_attempted, "not attempted yet"),
 ])
 def test_check_merge_heads_rejects(capsys, wrong, message):
     ok, out = verdict(capsys, ch03.check_merge_heads, wrong)
@@ -131,7 +125,6 @@ def make_forward(*, out_proj=True, scale="head", reverse=False, view_bug=False, 
     (make_forward(view_bug=True), "positions are mixed across heads"),
     (make_forward(reverse=True), "mask reversed"),
     (make_forward(use_mask=False), "mask was ignored"),
-    (not_attempted, "not attempted yet"),
 ])
 def test_check_mha_forward_rejects(capsys, wrong, message):
     ok, out = verdict(capsys, ch03.check_mha_forward, wrong)
@@ -174,7 +167,6 @@ def load_with(order="qkv", transpose=False, copy_out=True, copy_bias=True, keep_
     (load_with(copy_bias=False), "bias was not copied"),
     (load_with(keep_bias=True), "has no biases"),
     (lambda m: nn.Linear(m.embed_dim, m.embed_dim), "return a tfm_course MultiHeadAttention"),
-    (not_attempted, "not attempted yet"),
 ])
 def test_check_load_torch_weights_rejects(capsys, wrong, message):
     ok, out = verdict(capsys, ch03.check_load_torch_weights, wrong)
@@ -194,7 +186,6 @@ def test_check_load_torch_weights_accepts(capsys):
     (lambda L, h, hkv, dh, b: 2 * L * hkv * dh, "numbers, not bytes"),
     (lambda L, h, hkv, dh, b: 16 * L * hkv * dh * b, "bits, not bytes"),
     (lambda L, h, hkv, dh, b: "many", "return a number"),
-    (not_attempted, "not attempted yet"),
 ])
 def test_check_kv_cache_bytes_rejects(capsys, wrong, message):
     ok, out = verdict(capsys, ch03.check_kv_cache_bytes, wrong)

@@ -1,0 +1,31 @@
+"""Every checker of every chapter reports an unfinished exercise as "not attempted yet".
+
+The checkers are found from each ``tfm_course.exercises.chNN.__all__``, so a new checker is
+covered without a new test.
+"""
+
+import importlib
+import pkgutil
+
+import pytest
+
+import tfm_course.exercises as exercises
+from checker_helpers import stub, verdict
+
+CHECKERS = [
+    getattr(module, name)
+    for info in pkgutil.iter_modules(exercises.__path__) if info.name.startswith("ch")
+    for module in [importlib.import_module(f"tfm_course.exercises.{info.name}")]
+    for name in module.__all__ if name.startswith("check_")
+]
+
+
+def test_every_chapter_with_exercises_is_covered():
+    chapters = {c.__module__.rsplit(".", 1)[-1] for c in CHECKERS}
+    assert chapters == {f"ch0{i}" for i in range(1, 6)}, chapters
+
+
+@pytest.mark.parametrize("checker", CHECKERS, ids=lambda c: f"{c.__module__.rsplit('.', 1)[-1]}.{c.__name__}")
+def test_a_stub_is_reported_as_not_attempted(checker, capsys):
+    ok, out = verdict(checker, stub, capsys)
+    assert ok is False and "not attempted yet" in out, out
