@@ -11,6 +11,7 @@ A ``.md`` notebook stores no outputs, so nbval would only check that its cells r
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import types
@@ -47,7 +48,9 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     return None
 
 
+@functools.cache
 def _expected_outputs():
+    """tools/expected_outputs.py, loaded once (tools/ is not a package)."""
     spec = importlib.util.spec_from_file_location("expected_outputs", ROOT / "tools" / "expected_outputs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
