@@ -1,17 +1,42 @@
-"""Turning a trained decoder into output sequences: greedy search, beam search, and a KV cache.
+"""Turning a trained model into output sequences: greedy search, sampling and beam search.
 
-A decoder generates one token at a time. Each search below talks to the model through a
-*stepper*: ``stepper(prefix (N, t)) -> logits (N, V)`` for the next token after each prefix, and
-``stepper.reorder(index)`` when beam search reshuffles its hypotheses. Two steppers wrap a
-:class:`~tfm_course.models.transformer.Transformer`:
+Every search in this module talks to a model through one small object, a **stepper**; this module
+imports no particular model. The interface (see :class:`Stepper`)::
 
-* :class:`Recompute` — runs the whole decoder on the whole prefix at every step (O(t) work per
-  step, O(T²) in total);
-* :class:`KVCache` — feeds only the newest token: each layer keeps the keys and values of its
-  self-attention for the tokens seen so far, and the cross-attention keys and values of the
-  source are computed once. Same maths, same outputs, far less work.
+    logits = stepper(prefix)   # prefix (N, t) long ids -> logits (N, V): the next token after each row
+    stepper.reorder(index)     # index (N',) long: row i of the state becomes old row index[i]
 
-:func:`greedy_decode` and :func:`beam_decode` put the pieces together for a model and a source.
+A stepper promises nothing more, and may rely on three rules that every search here keeps:
+
+1. **Calls come in order.** The first call sees the whole start of each row (``<bos>`` for an
+   encoder-decoder, the prompt for a GPT); every later call sees the previous prefix with one or
+   more tokens appended. So a cached stepper runs only ``prefix[:, seen:]`` through the model and
+   keeps the keys and values of the rest; a stateless one may simply run the whole prefix.
+2. **``reorder`` comes between calls** and applies to the *next* call's rows: beam search calls it
+   after every step with the beams it keeps (``N' = N``); a caller may also use it to expand a
+   batch (``N' > N``). A stateless stepper's ``reorder`` does nothing.
+3. **The stepper guards its model's limits:** a prefix longer than the model's positions
+   (``max_len``) raises ``ValueError``, never a silent wrap-around.
+
+A stepper never picks tokens and never switches ``train()``/``eval()``: that is the searches' job.
+Any plain function ``prefix -> logits`` works wherever no ``reorder`` is needed (greedy, sampling).
+
+Models build their own steppers, in their own modules (``tfm_course.models.*``):
+
+* an encoder-decoder (``models.transformer.Transformer``, ``models.t5``) offers
+  ``model.stepper(src, use_cache=True)`` and ``model.pad_id``; :func:`greedy_decode` and
+  :func:`beam_decode` use only these two, so every encoder-decoder decodes through them;
+* a decoder-only model (``models.gpt.GPT``) offers ``model.stepper(use_cache=True)``;
+  its ``generate`` calls :func:`generate` here.
+
+``use_cache=False`` gives the *recompute* stepper (the whole prefix through the model at every
+step), ``use_cache=True`` the **KV cache** (each layer keeps its keys and values, and only the new
+tokens go through). The two must give identical tokens; the tests assert it with ``torch.equal``.
+
+The searches: :func:`generate` (greedy with ``temperature=0``, else sampling with temperature,
+top-k and top-p), :func:`greedy_search` (from ``<bos>``, for encoder-decoders) and
+:func:`beam_search` (K live hypotheses plus a list of finished ones, as fairseq and Hugging Face do).
+:func:`sample`, :func:`top_k_filter` and :func:`top_p_filter` turn logits into a token.
 """
 
 from __future__ import annotations
