@@ -58,3 +58,55 @@ def test_bad_sizes():
         TwoLookupRecall(num_keys=4, num_records=5)
     with pytest.raises(ValueError, match="num_queries"):
         TwoLookupRecall(num_queries=0)
+
+
+# --------------------------------------------------------------------------- multi-query recall
+from tfm_course.data.recall import FILLER, multi_query_recall  # noqa: E402
+
+
+@pytest.mark.parametrize("vocab, length, pairs", [(256, 64, 4), (64, 128, 8), (40, 48, 16), (8, 9, 3)])
+def test_mqar_layout_and_labels(vocab, length, pairs):
+    inputs, labels = multi_query_recall(50, vocab, length, pairs, torch.Generator().manual_seed(0))
+    assert inputs.shape == labels.shape == (50, length)
+    assert inputs.dtype == labels.dtype == torch.int64
+    context = 2 * pairs
+    keys, values = inputs[:, 0:context:2], inputs[:, 1:context:2]
+    assert ((keys >= 1) & (keys < vocab // 2)).all()                      # keys: lower half, not 0
+    assert ((values >= vocab // 2) & (values < vocab)).all()              # values: upper half
+    assert (labels[:, :context] == IGNORE).all()                          # no answer inside the context
+    for row in range(50):
+        k, v = keys[row].tolist(), values[row].tolist()
+        assert len(set(k)) == pairs and len(set(v)) == pairs              # distinct keys and values
+        value_of = dict(zip(k, v))
+        rest, answers = inputs[row, context:], labels[row, context:]
+        asked = rest != FILLER
+        assert sorted(rest[asked].tolist()) == sorted(k)                  # every key asked exactly once
+        assert torch.equal(asked, answers != IGNORE)                      # labels only where a key is asked
+        assert [value_of[q] for q in rest[asked].tolist()] == answers[asked].tolist()
+
+
+def test_mqar_queries_move_around_and_keys_vary():
+    inputs, _ = multi_query_recall(400, 256, 64, 4, torch.Generator().manual_seed(1))
+    asked_at = (inputs[:, 8:] != FILLER).float().mean(0)
+    assert (asked_at > 0).all()                                           # every query slot gets used
+    assert len(set(inputs[:, 0].tolist())) > 60                           # first key spans the key half
+
+
+def test_mqar_is_deterministic_and_moves_to_device():
+    a = multi_query_recall(8, 64, 32, 4, torch.Generator().manual_seed(3))
+    b = multi_query_recall(8, 64, 32, 4, torch.Generator().manual_seed(3), device="cpu")
+    c = multi_query_recall(8, 64, 32, 4, torch.Generator().manual_seed(4))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not torch.equal(a[0], c[0])
+    meta = multi_query_recall(2, 64, 32, 4, device="meta")
+    assert meta[0].device.type == "meta" and meta[1].device.type == "meta"
+
+
+def test_mqar_bad_sizes():
+    with pytest.raises(ValueError, match="need vocab_size >= 10"):
+        multi_query_recall(4, 8, 64, 4)                                   # only 3 keys in [1, 4)
+    with pytest.raises(ValueError, match="at least 12; got 11"):
+        multi_query_recall(4, 256, 11, 4)
+    with pytest.raises(ValueError, match="n_pairs"):
+        multi_query_recall(4, 256, 64, 0)
+    with pytest.raises(ValueError, match="n_examples"):
+        multi_query_recall(0, 256, 64, 4)

@@ -14,6 +14,11 @@ At every query position the model must answer two questions at once:
 One softmax is one weighted average, so a single attention head has to split its weight between
 the two places; several heads can each take one. Chapter 3 trains a tiny model on it and looks at
 what each head attends to.
+
+:func:`multi_query_recall` is the multi-query associative recall (MQAR) of the Zoology work
+(Arora et al., 2023): key-value pairs first, then the keys again, each asking for its value. It
+measures how much a model can *remember*: attention keeps every pair, a recurrent model only what
+fits in its fixed-size state. Chapter 11 uses it to compare the two.
 """
 
 from __future__ import annotations
@@ -96,3 +101,58 @@ class TwoLookupRecall:
         where = torch.full_like(keys, -1)
         where[:, r:] = source
         return RecallBatch(self.encode(keys, values), prev, recall, where).to(device or "cpu")
+
+
+# --------------------------------------------------------------------------- MQAR (chapter 11)
+FILLER = 0  # token id of the positions between queries; never a key nor a value
+
+
+def _draw_without_replacement(rows: int, population: int, k: int,
+                              generator: torch.Generator | None) -> Tensor:
+    """``(rows, k)`` distinct integers in ``[0, population)`` per row, uniformly (argsort of noise)."""
+    device = generator.device if generator is not None else torch.device("cpu")
+    noise = torch.rand(rows, population, generator=generator, device=device)
+    return noise.argsort(dim=-1)[:, :k]
+
+
+def multi_query_recall(n_examples: int, vocab_size: int, seq_len: int, n_pairs: int,
+                       generator: torch.Generator | None = None,
+                       device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Multi-query associative recall: ``(inputs, labels)``, both ``(n_examples, seq_len)`` int64.
+
+    Each row starts with ``n_pairs`` key-value pairs ``k₁ v₁ k₂ v₂ …`` and then asks for every
+    key once, at random positions of the rest of the row (the positions between queries hold
+    :data:`FILLER`)::
+
+        inputs:  k₁  v₁  k₂  v₂  0   k₂  0   0   k₁  0
+        labels:  −   −   −   −   −   v₂  −   −   v₁  −        (− is IGNORE = −100)
+
+    Labels are next-token style: at the position of a queried key the label is that key's value
+    (the token the model should emit next), everywhere else ``IGNORE``. Keys are drawn from
+    ``[1, vocab_size // 2)`` and values from ``[vocab_size // 2, vocab_size)``; keys are distinct
+    within a row, and so are values. Token 0 is the filler. Unlike the Zoology code, queries are
+    spread uniformly (not by a power law) and fillers are not replaced by random tokens.
+
+    Drawn with ``generator`` (on its device, the CPU by default), then moved to ``device``.
+    """
+    for name, value in (("n_examples", n_examples), ("n_pairs", n_pairs)):
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    n_keys, n_values = vocab_size // 2 - 1, vocab_size - vocab_size // 2
+    if n_pairs > min(n_keys, n_values):
+        raise ValueError(f"vocab_size {vocab_size} has {n_keys} keys and {n_values} values, too few "
+                         f"for n_pairs = {n_pairs} distinct pairs; need vocab_size >= "
+                         f"{2 * n_pairs + 2}")
+    if seq_len < 3 * n_pairs:
+        raise ValueError(f"seq_len must hold {n_pairs} pairs and {n_pairs} queries, i.e. be at least "
+                         f"{3 * n_pairs}; got {seq_len}")
+    context = 2 * n_pairs
+    keys = 1 + _draw_without_replacement(n_examples, n_keys, n_pairs, generator)  # (n, pairs)
+    values = vocab_size // 2 + _draw_without_replacement(n_examples, n_values, n_pairs, generator)
+    # which query slot (after the context) asks for which pair
+    slots = context + _draw_without_replacement(n_examples, seq_len - context, n_pairs, generator)
+    inputs = torch.full((n_examples, seq_len), FILLER, dtype=torch.int64, device=keys.device)
+    inputs[:, 0:context:2], inputs[:, 1:context:2] = keys, values
+    inputs.scatter_(1, slots, keys)
+    labels = torch.full_like(inputs, IGNORE).scatter_(1, slots, values)
+    return inputs.to(device), labels.to(device)
