@@ -157,3 +157,23 @@ def test_layer_bad_inputs_raise():
         layer(torch.randn(2, 5, 8))
     with pytest.raises(ValueError, match=r"\(batch, d_model=16\)"):
         layer.step(torch.randn(2, 1, 16))
+
+
+@pytest.mark.parametrize("mode", ["parallel", "recurrent", "chunkwise"])
+@pytest.mark.parametrize("gamma", [0.9, [0.9, 0.71, 1.0]], ids=["float", "list"])
+def test_float64_inputs_keep_every_digit_of_a_python_gamma(mode, gamma):
+    """γ given as Python numbers is not rounded to float32 (that alone costs ~4e-6 here)."""
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(B, H, L, DK, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, H, L, DV, generator=g, dtype=torch.float64)
+    exact = torch.tensor(gamma, dtype=torch.float64).expand(H)
+    out = retention(q, k, v, gamma, mode=mode, chunk_size=5)
+    torch.testing.assert_close(out, _by_definition(q, k, v, exact), atol=1e-12, rtol=1e-12)
+    rounded = exact.float().double()  # what a float32 γ would compute
+    assert float((_by_definition(q, k, v, rounded) - out).abs().max()) > 1e-7
+
+
+def test_layer_keeps_its_gammas_exact():
+    layer = MultiScaleRetention(16, 2, gammas=[0.9, 0.8]).double()
+    assert layer.gammas.dtype == torch.float64
+    assert layer.gammas.tolist() == [0.9, 0.8]

@@ -16,6 +16,24 @@ Sun et al. (2023) replace softmax attention by a decayed linear attention. For o
 All three give the same numbers (fp32: ~1e-5). :class:`MultiScaleRetention` is the layer around
 it: one γ per head (γ_h = 1 − 2^(−5−h)), a rotation of q and k by position, per-head group norm,
 a swish gate, and a ``step()`` that generates token by token from the recurrent state.
+
+Where this code deliberately differs from the authors' torchscale implementation
+(``torchscale/component/multiscale_retention.py`` and ``architecture/retnet.py``):
+
+* **no extra normalisations.** torchscale divides the decay mask by the square root of its row
+  sums, divides ``QKᵀ ⊙ D`` by ``max(|row sum|, 1)``, and carries matching running scales in the
+  recurrent and chunkwise forms, for numerical range in long fp16 runs. Those factors change the
+  numbers per form and only cancel after the per-head norm (exactly only with its eps = 0), so
+  :func:`retention` computes the plain sum the paper writes, on which the three forms agree exactly.
+* **the per-head norm.** torchscale's current code uses an RMSNorm without learned weights (its
+  first release, a LayerNorm without them); here ``nn.GroupNorm(heads, ...)``, a per-head LayerNorm
+  with a learned per-channel scale and shift (initialised to 1 and 0).
+* **value width.** The paper and torchscale's first release widen the values to
+  ``2·d_model`` (``value_factor=2``; later configs set the width directly, e.g. 1280 for
+  d_model 768); the default here is ``value_factor=1``, so parameter counts match the book's
+  attention layers.
+* **initialisation.** torchscale draws q, k, v and gate projections with Xavier-uniform, gain
+  2^−2.5, and the output with gain 1; here PyTorch's default ``nn.Linear`` initialisation.
 """
 
 from __future__ import annotations
@@ -35,7 +53,12 @@ MODES = ("parallel", "recurrent", "chunkwise")
 
 # --------------------------------------------------------------------------- validation
 def _check(q: Tensor, k: Tensor, v: Tensor, gamma: Tensor | float) -> Tensor:
-    """Validate shapes; return gamma as a float32 ``(heads,)`` tensor on q's device."""
+    """Validate shapes; return gamma as a ``(heads,)`` tensor on q's device.
+
+    A Python float (or list) becomes float64, so that float64 inputs keep every digit of γ
+    (rounding 0.9 to float32 alone costs an absolute error of ~1e-6 in the output); a tensor
+    keeps its own dtype. :func:`retention` then casts γ to its working dtype.
+    """
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q and k must both be (batch, heads, L, d_k); got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}")
@@ -43,7 +66,10 @@ def _check(q: Tensor, k: Tensor, v: Tensor, gamma: Tensor | float) -> Tensor:
         raise ValueError(f"v must be (batch, heads, L, d_v) = {tuple(q.shape[:3])} + (d_v,); "
                          f"got {tuple(v.shape)}")
     heads = q.shape[1]
-    gamma = torch.as_tensor(gamma, dtype=torch.float32, device=q.device)
+    if isinstance(gamma, Tensor):
+        gamma = gamma.to(q.device)
+    else:
+        gamma = torch.tensor(gamma, dtype=torch.float64, device=q.device)
     if gamma.dim() == 0:
         gamma = gamma.expand(heads)
     if gamma.shape != (heads,):
@@ -199,7 +225,8 @@ class MultiScaleRetention(nn.Module):
         self.g_proj = nn.Linear(d_model, width_v, bias=False)
         self.out_proj = nn.Linear(width_v, d_model, bias=False)
         self.group_norm = nn.GroupNorm(num_heads, width_v)  # per head, per token
-        gammas = default_gammas(num_heads) if gammas is None else torch.as_tensor(gammas).float()
+        gammas = default_gammas(num_heads) if gammas is None else gammas
+        gammas = torch.as_tensor(gammas, dtype=torch.float64)  # exact γ; cast where it is used
         if gammas.shape != (num_heads,):
             raise ValueError(f"gammas must be ({num_heads},), got {tuple(gammas.shape)}")
         self.register_buffer("gammas", gammas)
