@@ -169,3 +169,21 @@ def test_more_bad_inputs_raise():
         PerformerAttention(10, 3)
     with pytest.raises(ValueError, match=r"d_model=8"):
         PerformerAttention(8, 2)(torch.randn(1, 3, 6))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_large_norm_queries_do_not_underflow_to_zero_rows(causal):
+    """q ~ 8·N(0, 1), d = 16: exp(ω·q' − ‖q'‖²/2) is ~e^-128 for every feature, below float32's
+    range, unless −‖q'‖²/2 sits inside the row maximum (it used to give 22 of 32 zero rows)."""
+    g = torch.Generator().manual_seed(0)
+    q = 8 * torch.randn(2, 2, 32, 16, generator=g)
+    k, v = torch.randn(2, 2, 32, 16, generator=g), torch.randn(2, 2, 32, 16, generator=g)
+    P = draw_projection(64, 16, generator=torch.Generator().manual_seed(1))
+    out = favor_attention(q, k, v, 64, projection=P, causal=causal)
+    reference = favor_attention(q.double(), k.double(), v.double(), 64, projection=P.double(),
+                                causal=causal)
+    assert int((out.abs().sum(-1) == 0).sum()) == 0
+    assert float(reference.abs().sum(-1).min()) > 0.01  # the true rows are far from zero
+    torch.testing.assert_close(out.double(), reference, atol=1e-4, rtol=1e-4)
+    phi = positive_random_features(q, P, is_query=True)
+    torch.testing.assert_close(phi.amax(-1), torch.full(q.shape[:-1], 64 ** -0.5))  # top = 1/√m

@@ -21,6 +21,19 @@ costs O(n·m·d) instead of O(n²·d): the n × n matrix is never formed. Detail
 
 The estimator's variance grows like exp(‖q + k‖²): it is accurate for small logits and poor for
 sharp attention, whatever m.
+
+Where this code deliberately differs from the authors' code (google-research ``performer/
+fast_attention``) and the most-used PyTorch port (lucidrains ``performer-pytorch``):
+
+* **no feature eps.** Both add a constant (1e-4) to every feature, ``φ = (exp(…) + eps)/√m``, to
+  keep the denominator away from 0. That adds nearly the same amount to every estimated weight,
+  pulling rows towards uniform (most where the true weights are small); here the features are exact, the row maximum keeps each query's largest
+  feature at 1/√m, and only the final denominator is clamped to the smallest positive float.
+* **the stabilisers include −‖x‖²/2** (see :func:`positive_random_features`); the reference code
+  subtracts the maximum of ω·x alone, so large-norm rows underflow to zero in float32.
+* **the QR sign fix.** ``Q`` of a QR decomposition is not uniformly (Haar) distributed unless each
+  column is multiplied by the sign of R's diagonal; the reference code skips this (the port has it
+  as an option, ``qr_uniform_q``, off by default). :func:`draw_projection` always applies it.
 """
 
 from __future__ import annotations
@@ -67,18 +80,22 @@ def positive_random_features(x: Tensor, projection: Tensor, is_query: bool) -> T
     ``projection`` is ``(m, d)``, or ``(..., m, d)`` broadcasting against x's leading dims (an
     independent draw per batch element or head).
 
-    The stabiliser c is the row maximum of ω·x' for queries, and the maximum over the whole
-    sequence (and features) for keys; both cancel in the normalised attention.
+    The stabiliser c is the maximum of the whole exponent ω·x' − ‖x'‖²/2: over the features of
+    each row for queries, over the whole sequence (and features) for keys. A query's c scales
+    its numerator and its denominator alike, and the keys' c is one constant for all of them, so
+    both cancel in the normalised attention. Keeping −‖x'‖²/2 *inside* the maximum matters: for a
+    large-norm query every exp(ω·x' − c − ‖x'‖²/2) would otherwise underflow to 0 in float32 and
+    the row would come out all zeros; this way its largest feature is exactly 1/√m.
     """
     dim, m = x.shape[-1], projection.shape[-2]
     x = x * dim ** -0.25
     logits = x @ projection.transpose(-2, -1)  # (..., n, m)
-    sq_norm = (x * x).sum(-1, keepdim=True) / 2
+    exponent = logits - (x * x).sum(-1, keepdim=True) / 2  # ω·x' − ‖x'‖²/2
     if is_query:
-        stabiliser = logits.amax(dim=-1, keepdim=True)
+        stabiliser = exponent.amax(dim=-1, keepdim=True)  # per row: cancels in D⁻¹
     else:
-        stabiliser = logits.amax(dim=(-2, -1), keepdim=True)
-    return torch.exp(logits - sq_norm - stabiliser.detach()) / math.sqrt(m)
+        stabiliser = exponent.amax(dim=(-2, -1), keepdim=True)  # one constant for all keys
+    return torch.exp(exponent - stabiliser.detach()) / math.sqrt(m)
 
 
 def _causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk_size: int) -> Tensor:
