@@ -172,3 +172,10 @@ def test_block_bad_inputs_raise():
         block.step(torch.randn(1, 1, 8))
     with pytest.raises(ValueError, match="same shape"):
         linear_scan(torch.ones(2, 3), torch.ones(2, 4))
+
+
+def test_a_log_and_d_are_marked_no_weight_decay_as_in_mamba_ssm():
+    block = MambaBlock(16)
+    marked = block.no_weight_decay_parameters()
+    assert len(marked) == 2
+    assert marked[0] is block.A_log and marked[1] is block.D

@@ -15,6 +15,17 @@ Consequences worth knowing before using it:
 Sharing (as in the paper): ``"none"`` — an E_h and F_h per head; ``"headwise"`` — one E and one F
 per layer; ``"kv"`` — one matrix for both E and F; ``"layerwise"`` — pass the same ``projection``
 parameter to every layer's constructor (one matrix for all layers, heads, keys and values).
+
+Where this code deliberately differs from the authors' fairseq code
+(``examples/linformer/.../multihead_linear_attention.py``):
+
+* **initialisation of E and F.** fairseq stores them as ``nn.Linear(n, k)`` weights drawn
+  Xavier-uniform with gain 1/√2, i.e. U(±√(3/(n + k))), variance 1/(n + k). Here entries are
+  N(0, 1/k), the random projection of the paper's proof (Johnson–Lindenstrauss): ‖E x‖ ≈ ‖x‖
+  for every column x ∈ Rⁿ of K or V.
+* **where E is applied.** fairseq projects the layer input along the sequence and applies the key
+  and value projections afterwards, ``(E X) W_K + b``; here ``E (X W_K + b)``. The two are equal
+  without the bias and differ by ``(E 1 − 1) b`` with it.
 """
 
 from __future__ import annotations

@@ -15,6 +15,14 @@ Because the coefficients change with t, this is a *scan*, not a convolution. Two
 
 :class:`MambaBlock` adds in_proj, a causal depthwise convolution, the input-dependent Δ, B, C,
 the S4D-real initialisation of A, a SiLU gate and out_proj, and a ``step()`` for inference.
+
+Where this code differs from the authors' ``mamba_ssm`` (``modules/mamba_simple.py``): their block
+marks ``A_log`` and ``D`` with ``_no_weight_decay = True`` so that their training scripts leave
+them out of weight decay (decay would pull A_log towards 0, i.e. every A_n towards −1, erasing the
+S4D-real spread of time scales). The same flags are set here, but :func:`tfm_course.train.train`
+applies one weight decay (default 0) to every parameter and does not read them; pass your own
+optimizer with parameter groups (see :meth:`MambaBlock.no_weight_decay_parameters`) when you use
+weight decay. The scan is plain PyTorch, not the fused CUDA kernel (same numbers, more memory).
 """
 
 from __future__ import annotations
@@ -158,12 +166,21 @@ class MambaBlock(nn.Module):
         a = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(self.d_inner, 1)
         self.A_log = nn.Parameter(torch.log(a))
         self.D = nn.Parameter(torch.ones(self.d_inner))
+        self.A_log._no_weight_decay = True  # as in mamba_ssm; read by no_weight_decay_parameters
+        self.D._no_weight_decay = True
         with torch.no_grad():
             std = self.dt_rank ** -0.5
             self.dt_proj.weight.uniform_(-std, std)
             dt = torch.exp(torch.rand(self.d_inner) * (math.log(dt_max) - math.log(dt_min))
                            + math.log(dt_min)).clamp(min=1e-4)
             self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
+
+    def no_weight_decay_parameters(self) -> list[nn.Parameter]:
+        """The parameters the authors exclude from weight decay: ``A_log`` and ``D``.
+
+        Give them their own AdamW group with ``"weight_decay": 0.0`` and the rest another.
+        """
+        return [p for p in self.parameters() if getattr(p, "_no_weight_decay", False)]
 
     def _ssm_inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x ``(..., d_inner)`` → Δ ``(..., d_inner)``, B, C ``(..., N)``."""
