@@ -1,22 +1,24 @@
-"""Let ``pytest --nbval`` execute the chapters straight from their MyST-Markdown sources.
+"""Let ``pytest --nbval`` execute the chapters as a Colab reader gets them.
 
-nbval only collects ``.ipynb`` files. Here the ``.md`` chapters (jupytext notebooks) are collected
-by a subclass of nbval's ``IPyNbFile`` that reads the notebook through jupytext; the generated
-``chapters/*.ipynb`` Colab copies are skipped, so each chapter runs exactly once.
+nbval collects the generated Colab copies ``chapters/NN-slug.ipynb`` (the files the book's Colab
+button opens; ``tools/colab_notebooks.py`` writes them from the ``.md`` sources, and a test fails
+when one is stale). The ``.md`` sources are not collected, so each chapter runs once.
 
-A ``.md`` notebook stores no outputs, so nbval would only check that its cells run. Cells marked
+A Colab copy stores no outputs, so nbval only checks that its cells run. Cells marked
 ``# NBVAL_CHECK_OUTPUT`` get their reviewed outputs from ``tests/expected_outputs/`` (see
-``tools/expected_outputs.py``), and nbval compares those.
+``tools/expected_outputs.py``) when nbval reads the notebook, and nbval compares those.
+
+At the end of a run with notebooks, a table gives each chapter's execution time (the sum of its
+cells), the figure the 90-second budget is about.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.util
 import os
-import types
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
@@ -28,6 +30,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 ROOT = Path(__file__).parent
 CHAPTERS = ROOT / "chapters"
+BUDGET_S = 90.0
 
 
 def _nbval_enabled(config: pytest.Config) -> bool:
@@ -35,16 +38,8 @@ def _nbval_enabled(config: pytest.Config) -> bool:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if collection_path.suffix == ".ipynb" and collection_path.parent == CHAPTERS:
-        return True  # generated Colab copy of a .md chapter
     if any(part.startswith(".") or part == "_build" for part in collection_path.relative_to(ROOT).parts):
         return True
-    return None
-
-
-def pytest_collect_file(file_path: Path, parent: pytest.Collector):
-    if file_path.suffix == ".md" and file_path.parent == CHAPTERS and _nbval_enabled(parent.config):
-        return MarkdownNotebook.from_parent(parent, path=file_path)
     return None
 
 
@@ -57,29 +52,51 @@ def _expected_outputs():
     return module
 
 
-def _jupytext_read(path: str, as_version: int = 4):
-    import jupytext
+class _ReaderWithRecords:
+    """nbformat, except that reading a chapter's Colab copy attaches its recorded outputs."""
 
-    return _expected_outputs().attach(jupytext.read(path), Path(path))
+    def __init__(self, nbformat):
+        self._nbformat = nbformat
+
+    def __getattr__(self, name):
+        return getattr(self._nbformat, name)
+
+    def read(self, path, as_version=4, **kwargs):
+        notebook = self._nbformat.read(path, as_version=as_version, **kwargs)
+        path = Path(str(path)).resolve()
+        if path.parent == CHAPTERS.resolve():
+            _expected_outputs().attach(notebook, path.with_suffix(".md"))
+        return notebook
 
 
-try:
-    from nbval.plugin import IPyNbFile
-except ImportError:  # nbval missing: plain `pytest` still runs the unit tests
-    IPyNbFile = None
+def pytest_configure(config: pytest.Config) -> None:
+    if not _nbval_enabled(config):
+        return
+    import nbval.plugin
 
-if IPyNbFile is not None:
+    if not isinstance(nbval.plugin.nbformat, _ReaderWithRecords):
+        nbval.plugin.nbformat = _ReaderWithRecords(nbval.plugin.nbformat)
 
-    class MarkdownNotebook(IPyNbFile):
-        """nbval's notebook collector, fed a jupytext-parsed ``.md`` notebook."""
 
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.skip_compare = self.skip_compare + _expected_outputs().GLUE_MIMES
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """Glued values are display data for the book's prose (myst-nb): nbval does not compare them."""
+    for notebook in {item.parent for item in items if hasattr(item.parent, "skip_compare")}:
+        notebook.skip_compare = tuple(notebook.skip_compare) + _expected_outputs().GLUE_MIMES
 
-        def collect(self):
-            import nbval.plugin
 
-            reader = types.SimpleNamespace(read=_jupytext_read)
-            with mock.patch.object(nbval.plugin, "nbformat", reader):
-                yield from super().collect()
+_chapter_seconds: collections.Counter = collections.Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.nodeid.startswith("chapters/") and report.when == "call":
+        _chapter_seconds[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    seconds = _chapter_seconds
+    if not seconds:
+        return
+    terminalreporter.section("chapter execution times (sum of cells)")
+    for chapter, total in sorted(seconds.items()):
+        flag = "  OVER BUDGET" if total > BUDGET_S else ""
+        terminalreporter.write_line(f"{total:7.1f} s  {chapter}{flag}")

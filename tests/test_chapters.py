@@ -93,7 +93,8 @@ def test_colab_notebooks_have_no_outputs():
         assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name
 
 
-def test_nbval_collects_the_md_chapters_and_skips_the_colab_copies():
+def test_nbval_collects_the_colab_copies_and_not_the_md_sources():
+    """`pytest --nbval` executes what a Colab reader opens: the generated .ipynb copies."""
     import subprocess
 
     result = subprocess.run(
@@ -103,8 +104,9 @@ def test_nbval_collects_the_md_chapters_and_skips_the_colab_copies():
     lines = result.stdout.splitlines()
     for path in CHAPTERS:
         n_code = len(_code_cells(path))
-        assert sum(line.startswith(f"chapters/{path.name}::Cell ") for line in lines) == n_code, path.name
-    assert not any(".ipynb" in line for line in lines)
+        copy = path.with_suffix(".ipynb").name
+        assert sum(line.startswith(f"chapters/{copy}::Cell ") for line in lines) == n_code, path.name
+    assert not any(".md::" in line for line in lines)
 
 
 def _expected_outputs():
@@ -134,6 +136,16 @@ def test_cells_marked_check_output_have_a_current_record(path):
             "is displayed depends on the matplotlib backend, so move the plot to its own cell")
 
 
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_cells_marked_check_output_do_not_glue(path):
+    """Outside a book build glue() prints `name = value`, which would change a checked output."""
+    eo = _expected_outputs()
+    for cell in _code_cells(path):
+        if eo.is_marked(cell):
+            assert "glue(" not in cell.source, (
+                f"{path.name}: move the glue() calls out of the marked cell {cell.source.splitlines()[1:2]}")
+
+
 def test_nbval_compares_a_marked_cell_and_catches_a_changed_output(tmp_path):
     """A marked cell whose recorded output no longer matches fails under `pytest --nbval`."""
     import json
@@ -144,6 +156,7 @@ def test_nbval_compares_a_marked_cell_and_catches_a_changed_output(tmp_path):
     chapter.parent.mkdir()
     chapter.write_text(CHAPTERS[0].read_text().split("```{code-cell}")[0]  # the front matter
                        + "```{code-cell} ipython3\n# NBVAL_CHECK_OUTPUT\nprint(6 * 7)\n```\n")
+    jupytext.write(jupytext.read(chapter), chapter.with_suffix(".ipynb"))  # its "Colab copy"
     (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
     (tmp_path / "tools").mkdir()
     (tmp_path / "tools" / "expected_outputs.py").write_text((ROOT / "tools" / "expected_outputs.py").read_text())

@@ -1,7 +1,10 @@
 """Generate the Colab copies of the chapters: ``chapters/NN-slug.md`` -> ``chapters/NN-slug.ipynb``.
 
 The ``.md`` files are the sources; the ``.ipynb`` files (no outputs) exist so that the book's
-"Open in Colab" button has a notebook to open. Never edit them by hand; regenerate with
+"Open in Colab" button has a notebook to open, and they are what the tests execute. Their prose is
+plain Markdown (``tools/myst_to_markdown.py`` rewrites the MyST roles and directives), and a first
+note links the book's page and explains the names of computed numbers. Never edit them by hand;
+regenerate with
 
     python tools/colab_notebooks.py          # write
     python tools/colab_notebooks.py --check  # exit 1 if any copy is stale (tests/test_chapters.py)
@@ -14,14 +17,40 @@ from pathlib import Path
 
 import jupytext
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from myst_to_markdown import book_url, to_markdown  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "chapters"
+
+
+def colab_note(md_path: Path, glued: bool) -> str:
+    """The note that opens every Colab copy: where the book page is, and what `names` stand for."""
+    page = f"{book_url()}chapters/{md_path.stem}.html"
+    note = [f"> **This is the Colab notebook of a chapter of tfm-course.** The book shows it with "
+            f"its figures and outputs at <{page}>.",
+            "> Choose *Runtime → Change runtime type → GPU* to get the larger experiments; on a CPU "
+            "runtime every cell still runs."]
+    if glued:
+        note.append("> Names in code font in the text, such as `name`, stand for numbers that this "
+                    "notebook computes: the cell that computes one prints `name = value`, and the "
+                    "book shows the value in place.")
+    return "\n>\n".join(note)
 
 
 def render(md_path: Path) -> str:
     """The ``.ipynb`` text that belongs to one ``.md`` chapter (paired through jupytext metadata)."""
     notebook = jupytext.read(md_path)
-    notebook.metadata.setdefault("jupytext", {})["formats"] = "ipynb,md:myst"
+    cited: list[str] = []
+    glued = False
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            glued = glued or "{glue" in cell.source
+            cell.source = to_markdown(cell.source, md_path, cited)
+    title, _, rest = notebook.cells[0].source.partition("\n")  # the chapter's "# Title" line
+    notebook.cells[0].source = f"{title}\n\n{colab_note(md_path, glued)}\n{rest}"
+    # not paired with the .md: the copy's prose is converted, so syncing back would overwrite the source
+    notebook.metadata.pop("jupytext", None)
     notebook.metadata["accelerator"] = "GPU"  # Colab: open on a GPU runtime
     notebook.metadata.setdefault("colab", {})["provenance"] = []
     for number, cell in enumerate(notebook.cells):
