@@ -1,5 +1,8 @@
+import pytest
 import torch
+from torch import nn
 
+import tfm_course.train as train_module
 from tfm_course import device as dev
 
 
@@ -25,12 +28,87 @@ def test_seed_everything_makes_draws_repeatable():
     assert not torch.equal(a, torch.randn(5))
 
 
-def test_autocast_dtype_is_none_on_cpu_and_picks_bf16_or_fp16_on_cuda(monkeypatch):
+def _pretend_cuda(monkeypatch, capability, name="Tesla T4"):
+    """A CUDA device of the given compute capability, on a machine without one. The bf16 query is
+    made to say yes, as it does on a T4 (it counts emulation): the capability must decide."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+
+
+def test_autocast_dtype_is_none_off_cuda():
     assert dev.autocast_dtype("cpu") is None
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    assert dev.autocast_dtype("cuda") is torch.bfloat16
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
-    assert dev.autocast_dtype("cuda") is torch.float16
+    assert dev.autocast_dtype("mps") is None
+
+
+@pytest.mark.parametrize("capability, dtype", [
+    ((7, 5), torch.float16),   # T4 (Colab's free GPU): bf16 only emulated
+    ((7, 0), torch.float16),   # V100
+    ((6, 0), torch.float16),   # P100
+    ((8, 0), torch.bfloat16),  # A100
+    ((8, 6), torch.bfloat16),  # RTX 30xx, A10
+    ((9, 0), torch.bfloat16),  # H100 / H200
+])
+def test_autocast_dtype_follows_the_compute_capability(monkeypatch, capability, dtype):
+    _pretend_cuda(monkeypatch, capability)
+    assert dev.autocast_dtype("cuda") is dtype
+    assert dev.autocast_dtype(torch.device("cuda", 0)) is dtype
+
+
+def test_a_t4_trains_in_fp16_with_a_grad_scaler_and_an_a100_in_bf16_without(monkeypatch):
+    _pretend_cuda(monkeypatch, (7, 5))
+    dtype, scaler = train_module.mixed_precision("cuda")
+    assert dtype is torch.float16 and isinstance(scaler, torch.amp.GradScaler)
+    assert train_module.mixed_precision("cuda", amp=False) == (None, None)
+    _pretend_cuda(monkeypatch, (8, 0))
+    assert train_module.mixed_precision("cuda") == (torch.bfloat16, None)
+    assert train_module.mixed_precision("cpu") == (None, None)
+
+
+@pytest.mark.parametrize("capability, dtype, scaled", [((7, 5), torch.float16, True),
+                                                       ((8, 0), torch.bfloat16, False)])
+def test_train_autocasts_and_scales_as_the_capability_says(monkeypatch, capability, dtype, scaled):
+    """train() end to end: the CUDA decision (patched capability) run with CPU autocast."""
+    _pretend_cuda(monkeypatch, capability)
+    real_mixed_precision = train_module.mixed_precision
+
+    def cuda_decision_carried_out_on_the_cpu(device, amp=True):
+        dtype, scaler = real_mixed_precision("cuda", amp)
+        return dtype, (torch.amp.GradScaler("cpu") if scaler is not None else None)
+
+    monkeypatch.setattr(train_module, "mixed_precision", cuda_decision_carried_out_on_the_cpu)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    seen, scaled_losses = [], []
+    real_scale = torch.amp.GradScaler.scale
+    monkeypatch.setattr(torch.amp.GradScaler, "scale",
+                        lambda self, loss: scaled_losses.append(loss) or real_scale(self, loss))
+    x = torch.randn(64, 8)
+    y = x.sum(-1, keepdim=True)
+
+    def loss_fn(m, batch):
+        out = m(batch)
+        seen.append(out.dtype)
+        return nn.functional.mse_loss(out.float(), y)
+
+    history = train_module.train(model, lambda step: x, loss_fn, steps=20, lr=1e-2, progress=False)
+    assert set(seen) == {dtype}
+    assert bool(scaled_losses) == scaled
+    assert history.loss[-1] < history.loss[0]
+
+
+def test_describe_names_the_capability_and_the_precision(monkeypatch):
+    _pretend_cuda(monkeypatch, (7, 5), "Tesla T4")
+    assert dev.describe("cuda") == "cuda (Tesla T4 with compute capability 7.5), autocast float16"
+    assert dev.describe("cuda").split(",")[0] == "cuda (Tesla T4 with compute capability 7.5)"
+    _pretend_cuda(monkeypatch, (8, 0), "NVIDIA A100-SXM4-40GB")
+    assert dev.describe("cuda").endswith("compute capability 8.0), autocast bfloat16")
+
+
+def test_seed_everything_returns_a_generator_on_the_requested_device():
+    assert dev.seed_everything(0).device.type == "cpu"
+    assert dev.seed_everything(0, "cpu").device.type == "cpu"
 
 
 def test_by_device_scales_up_only_on_an_accelerator():

@@ -32,24 +32,32 @@ def get_device(prefer: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def seed_everything(seed: int = 0) -> torch.Generator:
-    """Seed Python, NumPy and PyTorch (all devices); return a CPU generator seeded the same way."""
+def seed_everything(seed: int = 0, device: torch.device | str | None = None) -> torch.Generator:
+    """Seed Python, NumPy and PyTorch (all devices); return a generator seeded the same way.
+
+    The generator lives on ``device`` (default: the CPU). A generator can only draw tensors on its
+    own device: ``torch.randn(n, generator=g, device=device)`` needs ``seed_everything(s, device)``.
+    """
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator(device=device or "cpu").manual_seed(seed)
 
 
 def autocast_dtype(device: torch.device | str) -> torch.dtype | None:
     """The reduced precision worth using on ``device``, or ``None`` for plain fp32.
 
-    bf16 on GPUs that support it (Ampere and newer), fp16 on older GPUs such as Colab's free T4
-    (which then needs a ``GradScaler``), and ``None`` on CPU, where autocast buys little.
+    bf16 on GPUs of compute capability 8.0 and newer (Ampere: A100, RTX 30xx, H100, ...), fp16 on
+    older GPUs such as Colab's free T4 (7.5), which then need a ``GradScaler``, and ``None`` on the
+    CPU and Apple's MPS, where autocast buys little. The capability decides, not
+    ``torch.cuda.is_bf16_supported()``: that also counts bf16 *emulated* in fp32 and returns True on
+    a T4, where bf16 runs slowly and the fused attention kernels refuse it.
     """
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    major, _minor = torch.cuda.get_device_capability(device)
+    return torch.bfloat16 if major >= 8 else torch.float16
 
 
 def on_gpu(device: torch.device | str | None = None) -> bool:
@@ -66,11 +74,15 @@ def by_device(cpu: T, gpu: T, device: torch.device | str | None = None) -> T:
 
 
 def describe(device: torch.device | str | None = None) -> str:
-    """One line naming the device, e.g. ``'cuda (NVIDIA H200), autocast bfloat16'``."""
+    """One line naming the device and the precision ``train()`` uses there, e.g.
+    ``'cuda (Tesla T4 with compute capability 7.5), autocast float16'`` or ``'cpu (2 threads), fp32'``.
+
+    The precision follows the only comma, so ``describe(device).split(",")[0]`` names the device."""
     device = torch.device(device or get_device())
     name = device.type
     if device.type == "cuda":
-        name += f" ({torch.cuda.get_device_name(device)})"
+        major, minor = torch.cuda.get_device_capability(device)
+        name += f" ({torch.cuda.get_device_name(device)} with compute capability {major}.{minor})"
     elif device.type == "cpu":
         threads = torch.get_num_threads()
         name += f" ({threads} thread{'s' if threads != 1 else ''})"
