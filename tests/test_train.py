@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from cuda_helpers import needs_cuda
 from tfm_course.train import History, constant, noam, train, warmup_cosine, warmup_times_cosine
 
 
@@ -111,3 +112,130 @@ def test_without_a_live_front_end_training_prints_one_summary_line(capsys):
     history = train(model, make_batch, loss_fn, steps=30, desc="fit")
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [f"fit: 30 steps in {history.seconds:.1f} s, final loss {history.loss[-1]:.4f}"]
+
+
+# --------------------------------------------------------------------------- host syncs
+HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy")
+
+
+def _count_host_reads_by_train(monkeypatch) -> list[str]:
+    """Patch the Tensor methods that copy a value to the host (on CUDA: wait for the GPU) and
+    record those called by tfm_course/train.py itself (directly, or through Tensor.__format__)."""
+    import sys
+    from pathlib import Path
+
+    import tfm_course.train as train_module
+
+    train_file = Path(train_module.__file__).resolve()
+    reads: list[str] = []
+    for name in HOST_READS:
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            frame = sys._getframe(1)
+            while frame is not None and Path(frame.f_code.co_filename).name == "_tensor.py":
+                frame = frame.f_back  # f"{loss:.4f}" reads through Tensor.__format__
+            if frame is not None and Path(frame.f_code.co_filename).resolve() == train_file:
+                reads.append(_name)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+@pytest.mark.parametrize("loss_every", [1, 10, 50])
+def test_losses_are_read_every_loss_every_steps_not_at_every_step(monkeypatch, loss_every):
+    model, make_batch, loss_fn = _regression_problem()
+    reads = _count_host_reads_by_train(monkeypatch)
+    history = train(model, make_batch, loss_fn, steps=100, lr=0.05, loss_every=loss_every,
+                    progress=False)
+    assert len(reads) == math.ceil(100 / loss_every), reads
+    assert len(history.loss) == len(history.steps) == 100  # still one loss per step
+    assert all(isinstance(x, float) for x in history.loss)
+
+
+def test_evaluations_read_the_pending_losses_so_stop_when_sees_them(monkeypatch):
+    model, make_batch, loss_fn = _regression_problem()
+    reads = _count_host_reads_by_train(monkeypatch)
+    seen = []
+
+    def stop_when(history):
+        seen.append((len(history.steps), len(history.loss)))
+        return history.loss[-1] < 1e-3
+
+    history = train(model, make_batch, loss_fn, steps=1000, lr=0.05, loss_every=100,
+                    eval_fn=lambda m: {"zero": 0.0}, eval_every=30, stop_when=stop_when,
+                    progress=False)
+    assert seen and all(n_steps == n_loss for n_steps, n_loss in seen)
+    assert len(history.steps) < 1000 and history.loss[-1] < 1e-3
+    evaluations = len(history.metrics["zero"])
+    assert len(reads) <= evaluations + len(history.steps) // 100 + 1, (reads, evaluations)
+
+
+def test_the_losses_read_together_equal_the_per_step_losses():
+    torch.manual_seed(1)
+    model, make_batch, loss_fn = _regression_problem()
+    expected = []
+
+    def recording_loss(m, batch):
+        loss = loss_fn(m, batch)
+        expected.append(loss.detach().clone())
+        return loss
+
+    history = train(model, make_batch, recording_loss, steps=37, loss_every=8, progress=False)
+    assert history.loss == torch.stack(expected).tolist()
+
+
+def test_time_limit_still_checked_at_every_step_and_losses_complete():
+    model, make_batch, loss_fn = _regression_problem()
+    history = train(model, make_batch, loss_fn, steps=10_000, time_limit_s=0.0, loss_every=50,
+                    progress=False)
+    assert len(history.steps) == len(history.loss) == 1
+
+
+def test_loss_every_must_be_positive():
+    model, make_batch, loss_fn = _regression_problem()
+    with pytest.raises(ValueError, match="loss_every"):
+        train(model, make_batch, loss_fn, steps=10, loss_every=0)
+
+
+# --------------------------------------------------------------------------- on a real GPU
+def _cuda_regression(device):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 1)).to(device)
+    x = torch.randn(256, 32, device=device)
+    y = x.sum(-1, keepdim=True)
+    return model, (lambda step: (x, y)), (lambda m, b: nn.functional.mse_loss(m(b[0]).float(), b[1]))
+
+
+@needs_cuda
+@pytest.mark.parametrize("amp", [False, True])
+def test_training_steps_never_wait_for_the_gpu(monkeypatch, amp):
+    """Every step after the first runs with CUDA's sync debugger set to raise: no .item(), no
+    bool(tensor), no device-to-host copy anywhere in forward, backward, clipping or AdamW."""
+    import tfm_course.train as train_module
+
+    device = torch.device("cuda")
+    dtype, _ = train_module.mixed_precision(device, amp)
+    if dtype == torch.float16:
+        pytest.skip("fp16 needs a GradScaler, whose step() syncs by design (test_mixed_precision)")
+    model, make_batch, loss_fn = _cuda_regression(device)
+    real_step, checked = train_module._step, []
+
+    def step_that_must_not_sync(*args, **kwargs):
+        if not checked:  # the first step allocates the optimizer's state
+            checked.append(False)
+            return real_step(*args, **kwargs)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss = real_step(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        checked.append(True)
+        return loss
+
+    monkeypatch.setattr(train_module, "_step", step_that_must_not_sync)
+    history = train(model, make_batch, loss_fn, steps=40, lr=1e-2, amp=amp, loss_every=10,
+                    progress=False)
+    assert sum(checked) == 39
+    assert len(history.loss) == 40 and history.loss[-1] < 0.5 * history.loss[0]

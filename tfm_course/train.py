@@ -102,6 +102,44 @@ def _progress_bar(steps: int, desc: str, disable: bool):
                           disable=disable or not sys.stderr.isatty())
 
 
+def mixed_precision(device: torch.device | str, amp: bool = True
+                    ) -> tuple[torch.dtype | None, torch.amp.GradScaler | None]:
+    """The autocast dtype and the ``GradScaler`` :func:`train` uses on ``device``.
+
+    ``(bfloat16, None)`` on GPUs of compute capability 8.0 and newer, ``(float16, GradScaler)`` on
+    older ones such as the T4 (fp16 gradients underflow without loss scaling), ``(None, None)`` on
+    the CPU or with ``amp=False``. See :func:`tfm_course.device.autocast_dtype`.
+    """
+    device = torch.device(device)
+    dtype = autocast_dtype(device) if amp else None
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+    return dtype, scaler
+
+
+def _step(model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+          optimizer: torch.optim.Optimizer, clip: float | None, device_type: str,
+          dtype: torch.dtype | None, scaler: torch.amp.GradScaler | None) -> torch.Tensor:
+    """One optimisation step. Returns the loss detached, as an fp32 scalar *still on the device*:
+    reading it (``.item()``) would make the CPU wait for the GPU to finish the step."""
+    context = torch.autocast(device_type, dtype=dtype) if dtype else nullcontext()
+    with context:
+        loss = loss_fn(model, batch)
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    if clip is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if scaler is not None:
+        scaler.step(optimizer)  # skips the step if a gradient overflowed (this check syncs)
+        scaler.update()
+    else:
+        optimizer.step()
+    return loss.detach().float()
+
+
 def train(
     model: nn.Module,
     make_batch: Callable[[int], Any],
@@ -120,53 +158,58 @@ def train(
     stop_when: Callable[["History"], bool] | None = None,
     progress: bool = True,
     desc: str = "training",
+    loss_every: int = 50,
 ) -> History:
     """Train ``model`` for ``steps`` steps of AdamW (or ``optimizer``); return a :class:`History`.
 
-    On a GPU the forward pass runs under autocast (bf16, or fp16 with a ``GradScaler``); on CPU in
-    fp32. ``clip`` is the max global gradient norm (None: no clipping). ``time_limit_s`` stops early
-    once that many seconds have passed (the history says how far it got). ``stop_when(history)``
-    is asked after each evaluation; True stops training early (e.g. once a goal metric is reached).
+    On a GPU the forward pass runs under autocast (bf16, or fp16 with a ``GradScaler``: see
+    :func:`mixed_precision`); on CPU in fp32. ``clip`` is the max global gradient norm (None: no
+    clipping). ``time_limit_s`` stops early once that many seconds have passed (the history says
+    how far it got). ``stop_when(history)`` is asked after each evaluation; True stops training
+    early (e.g. once a goal metric is reached).
+
+    The losses stay on the device and are copied to the host together every ``loss_every`` steps,
+    at each evaluation and at the end: a per-step ``loss.item()`` would make the CPU wait for the
+    GPU at every step, so the GPU would idle while Python prepares the next one. ``history.loss``
+    still holds one loss per step once training returns (and is complete whenever ``eval_fn`` and
+    ``stop_when`` run); the progress bar's loss is refreshed at those read points.
     """
     if steps <= 0:
         raise ValueError(f"steps must be positive, got {steps}")
+    if loss_every <= 0:
+        raise ValueError(f"loss_every must be positive, got {loss_every}")
     device = next(model.parameters()).device
     optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     base_lrs = [g["lr"] for g in optimizer.param_groups]
     schedule = schedule or constant()
-    dtype = autocast_dtype(device) if amp else None
-    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+    dtype, scaler = mixed_precision(device, amp)
     history = History()
+    pending: list[torch.Tensor] = []  # losses of the steps not yet read, on the device
     start = time.perf_counter()
     model.train()
     bar = _progress_bar(steps, desc, disable=not progress)
+
+    def read_losses() -> None:  # one host sync for all pending steps
+        if pending:
+            history.loss.extend(torch.stack(pending).cpu().tolist())
+            pending.clear()
+            bar.set_postfix(loss=f"{history.loss[-1]:.4f}", refresh=False)
+
     for step in bar:
         multiplier = schedule(step)
         for group, base in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base * multiplier
         batch = make_batch(step)
-        context = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
-        with context:
-            loss = loss_fn(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-        else:
-            loss.backward()
-        if clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), clip)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
+        pending.append(_step(model, batch, loss_fn, optimizer, clip, device.type, dtype, scaler))
         history.steps.append(step)
-        history.loss.append(loss.item())
         history.lr.append(optimizer.param_groups[0]["lr"])
         last = step == steps - 1
         over_time = time_limit_s is not None and time.perf_counter() - start > time_limit_s
-        if eval_fn is not None and ((eval_every and (step + 1) % eval_every == 0) or last or over_time):
+        evaluate = eval_fn is not None and (
+            (eval_every and (step + 1) % eval_every == 0) or last or over_time)
+        if evaluate or last or over_time or len(pending) >= loss_every:
+            read_losses()
+        if evaluate:
             model.eval()
             with torch.no_grad():
                 for name, value in eval_fn(model).items():
@@ -174,10 +217,9 @@ def train(
             model.train()
             if stop_when is not None and stop_when(history):
                 break  # the goal is reached
-        if step % 10 == 0 or last:
-            bar.set_postfix(loss=f"{history.loss[-1]:.4f}", refresh=False)
         if over_time:
             break
+    read_losses()
     bar.close()
     model.eval()
     history.seconds = time.perf_counter() - start
