@@ -1,5 +1,6 @@
 """Efficient attention variants and attention-free sequence models, one module per method.
 
+* :mod:`~tfm_course.efficient.flash` — exact attention tile by tile (online softmax, FlashAttention);
 * :mod:`~tfm_course.efficient.linformer` — keys/values projected from length n to k (low rank);
 * :mod:`~tfm_course.efficient.performer` — FAVOR+ positive random features (kernel trick);
 * :mod:`~tfm_course.efficient.sparse` — window / global / random masks (Longformer, BigBird);
@@ -9,6 +10,7 @@
 Each module reads on its own; :mod:`tfm_course.bench` measures them side by side.
 """
 
+from .flash import online_softmax_step, tiled_attention
 from .linformer import LinformerSelfAttention, linformer_attention
 from .mamba import MambaBlock, selective_scan
 from .performer import PerformerAttention, favor_attention
@@ -16,6 +18,7 @@ from .retnet import MultiScaleRetention, retention
 from .sparse import bigbird_mask, longformer_mask, sliding_window_mask
 
 __all__ = [
+    "tiled_attention", "online_softmax_step",
     "linformer_attention", "LinformerSelfAttention",
     "favor_attention", "PerformerAttention",
     "retention", "MultiScaleRetention",
