@@ -1,0 +1,41 @@
+"""Our BPE files load in Hugging Face's tokenizers and encode every validation docstring identically.
+
+The ``tokenizers`` library (Rust) and ``transformers.GPT2Tokenizer`` (Python, GPT-2's original
+algorithm) read our ``vocab.json`` / ``merges.txt``: the same ids is evidence that the file format,
+the byte table, the pre-tokenisation and the rank-based merging all match GPT-2's.
+"""
+
+import pytest
+
+from tfm_course.data import corpus
+from tfm_course.tokenizers import BPETokenizer
+
+EXTRA = ["Hello  world\n\n  x", "héllo 😀 中文 it's WE'LL I'd 12345 3.14", "\t\ttabs\r\n", "   ", "a\u00a0b"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    tok = BPETokenizer.train([d.text for d in corpus.documents("train")], 2000)
+    folder = tmp_path_factory.mktemp("bpe")
+    vocab_path, merges_path = tok.save(folder)
+    return tok, str(vocab_path), str(merges_path)
+
+
+def test_rust_tokenizers_library_gives_the_same_ids(saved):
+    tokenizers = pytest.importorskip("tokenizers")
+    tok, vocab_path, merges_path = saved
+    theirs = tokenizers.ByteLevelBPETokenizer(vocab_path, merges_path)
+    texts = [d.text for d in corpus.documents("validation")] + EXTRA
+    mismatched = [t for t in texts if theirs.encode(t).ids != tok.encode(t)]
+    assert not mismatched, mismatched[:3]
+
+
+@pytest.mark.hf
+def test_transformers_gpt2_tokenizer_gives_the_same_ids(saved):
+    transformers = pytest.importorskip("transformers")
+    tok, vocab_path, merges_path = saved
+    theirs = transformers.GPT2Tokenizer(vocab_path, merges_path)
+    texts = [d.text for d in corpus.documents("validation")[:400]] + EXTRA
+    mismatched = [t for t in texts if theirs.encode(t) != tok.encode(t)]
+    assert not mismatched, mismatched[:3]
+    assert all(theirs.decode(tok.encode(t)) == t for t in EXTRA)
