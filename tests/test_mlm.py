@@ -1,0 +1,266 @@
+"""BERT's pretraining data: masking statistics and invariants, NSP pairs, pairs and batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cuda_helpers import needs_cuda
+from tfm_course.data.mlm import (IGNORE, build_pair, chunk, collate_pairs, mask_tokens, nsp_pairs,
+                                 pack_documents, unigram_cross_entropy)
+
+PAD, CLS, SEP, MASK, UNK = 0, 1, 2, 3, 4
+SPECIAL = (PAD, CLS, SEP, MASK, UNK)
+Z = 5.0  # binomial bounds at five standard deviations: a correct function fails ~1 run in 10⁶
+
+
+def within_binomial(successes: int, trials: int, p: float) -> bool:
+    return abs(successes - trials * p) <= Z * math.sqrt(trials * p * (1 - p)) + 1
+
+
+def padded_batch(batch: int, seq: int, vocab: int, seed: int = 0, min_len: int = 3):
+    """``[CLS] tokens [SEP] [PAD]…`` rows of random lengths; returns ids and the special mask."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(len(SPECIAL), vocab, (batch, seq), generator=g)
+    lengths = torch.randint(min_len, seq + 1, (batch,), generator=g)
+    positions = torch.arange(seq)[None, :]
+    ids[:, 0] = CLS
+    ids[positions == lengths[:, None] - 1] = SEP
+    ids[positions >= lengths[:, None]] = PAD
+    return ids, torch.isin(ids, torch.tensor([PAD, CLS, SEP]))
+
+
+# --------------------------------------------------------------------------- MLM statistics
+def test_each_row_gets_berts_count_and_at_least_one():
+    ids, special = padded_batch(300, 40, 100)
+    ids[0, 1:] = PAD
+    ids[0, 1:3] = torch.tensor([7, SEP])  # row 0: [CLS] 7 [SEP] — one maskable token
+    special = torch.isin(ids, torch.tensor([PAD, CLS, SEP]))
+    _, labels = mask_tokens(ids, special, 100, MASK, generator=torch.Generator().manual_seed(1))
+    n_real = (~special).sum(1)
+    expected = torch.round(0.15 * n_real).clamp(min=1)
+    assert torch.equal((labels != IGNORE).sum(1), expected.long())
+    assert (labels[0] != IGNORE).sum() == 1
+
+
+def test_every_maskable_position_is_chosen_equally_often():
+    ids, special = padded_batch(1, 30, 50, seed=3)
+    n_real = int((~special).sum())
+    k = max(1, round(0.15 * n_real))
+    draws = 2000
+    g = torch.Generator().manual_seed(0)
+    counts = sum((mask_tokens(ids, special, 50, MASK, generator=g)[1] != IGNORE).long()
+                 for _ in range(draws))[0]
+    assert (counts[special[0]] == 0).all(), "special positions are never chosen"
+    assert all(within_binomial(int(c), draws, k / n_real) for c in counts[~special[0]])
+
+
+@pytest.mark.parametrize("p", [0.15, 0.4])
+def test_fraction_chosen_and_the_80_10_10_split(p):
+    vocab = 60
+    ids, special = padded_batch(400, 64, vocab, seed=2)
+    g = torch.Generator().manual_seed(int(p * 100))
+    inputs, labels = mask_tokens(ids, special, vocab, MASK, p=p, generator=g)
+    chosen = labels != IGNORE
+    n_chosen, n_real = int(chosen.sum()), int((~special).sum())
+    assert within_binomial(n_chosen, n_real, p)
+    masked = int((inputs[chosen] == MASK).sum())
+    replaced = int(((inputs != ids) & (inputs != MASK))[chosen].sum())
+    kept = int((inputs == ids)[chosen].sum())
+    allowed = vocab - len(SPECIAL) + 1  # UNK is absent from the batch and not passed: drawable
+    assert masked + replaced + kept == n_chosen
+    assert within_binomial(masked, n_chosen, 0.8)
+    assert within_binomial(replaced, n_chosen, 0.1 * (1 - 1 / allowed))  # a draw may hit the original
+    assert within_binomial(kept, n_chosen, 0.1 + 0.1 / allowed)
+
+
+def test_random_replacements_cover_the_non_special_tokens_uniformly():
+    vocab = 13
+    ids, special = padded_batch(2000, 32, vocab, seed=4)
+    inputs, labels = mask_tokens(ids, special, vocab, MASK, generator=torch.Generator().manual_seed(5),
+                                 special_ids=SPECIAL)
+    replaced = inputs[(labels != IGNORE) & (inputs != ids) & (inputs != MASK)]
+    assert not torch.isin(replaced, torch.tensor(SPECIAL)).any()
+    counts = torch.bincount(replaced, minlength=vocab)[len(SPECIAL):]
+    assert all(within_binomial(int(c), len(replaced), 1 / len(counts)) for c in counts)
+
+
+def test_special_ids_absent_from_the_batch_are_excluded_only_when_named():
+    vocab = 8  # few drawable ids, so UNK would show up if allowed
+    ids, special = padded_batch(500, 20, vocab, seed=6)
+    g = torch.Generator().manual_seed(0)
+    inputs, _ = mask_tokens(ids, special, vocab, MASK, generator=g)
+    assert (inputs == UNK).any(), "UNK is never in the batch: without special_ids it is drawable"
+    inputs, _ = mask_tokens(ids, special, vocab, MASK, generator=g, special_ids=[UNK])
+    assert not (inputs == UNK).any()
+
+
+# --------------------------------------------------------------------------- MLM invariants
+def test_invariants_of_inputs_and_labels():
+    ids, special = padded_batch(64, 48, 90, seed=7)
+    original = ids.clone()
+    inputs, labels = mask_tokens(ids, special, 90, MASK, generator=torch.Generator().manual_seed(0))
+    chosen = labels != IGNORE
+    assert torch.equal(ids, original), "the input is not modified in place"
+    assert inputs.shape == labels.shape == ids.shape and inputs.dtype == labels.dtype == ids.dtype
+    assert not (chosen & special).any()
+    assert torch.equal(labels[chosen], ids[chosen])
+    assert torch.equal(inputs[~chosen], ids[~chosen])
+    assert (chosen.sum(1) >= 1).all()
+
+
+def test_a_row_with_nothing_to_mask_gets_no_label():
+    ids = torch.tensor([[CLS, 7, SEP], [CLS, SEP, PAD]])
+    special = torch.isin(ids, torch.tensor([PAD, CLS, SEP]))
+    inputs, labels = mask_tokens(ids, special, 10, MASK)
+    assert labels[0].tolist() == [IGNORE, 7, IGNORE] and (labels[1] == IGNORE).all()
+    assert torch.equal(inputs[1], ids[1])
+
+
+def test_the_loss_reads_only_the_chosen_positions():
+    ids, special = padded_batch(4, 16, 30, seed=8)
+    _, labels = mask_tokens(ids, special, 30, MASK, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(4, 16, 30, requires_grad=True)
+    F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE).backward()
+    touched = logits.grad.abs().sum(-1) > 0
+    assert torch.equal(touched, labels != IGNORE)
+
+
+def test_the_same_generator_seed_gives_the_same_masking():
+    ids, special = padded_batch(8, 32, 40)
+    first = mask_tokens(ids, special, 40, MASK, generator=torch.Generator().manual_seed(3))
+    again = mask_tokens(ids, special, 40, MASK, generator=torch.Generator().manual_seed(3))
+    other = mask_tokens(ids, special, 40, MASK, generator=torch.Generator().manual_seed(4))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[1], other[1])
+
+
+@needs_cuda
+def test_masking_runs_on_the_gpu_with_a_gpu_generator():
+    ids, special = padded_batch(32, 64, 100)
+    ids, special = ids.cuda(), special.cuda()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    inputs, labels = mask_tokens(ids, special, 100, MASK, generator=g, special_ids=SPECIAL)
+    assert inputs.is_cuda and labels.is_cuda
+    chosen = labels != IGNORE
+    assert not (chosen & special).any() and (chosen.sum(1) >= 1).all()
+    assert not torch.isin(inputs[chosen & (inputs != MASK)], torch.tensor(SPECIAL[:3], device="cuda")).any()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(p=0.0), "strictly between 0 and 1"),
+    (dict(p=1.0), "strictly between 0 and 1"),
+    (dict(p=-0.2), "strictly between 0 and 1"),
+    (dict(ids=torch.zeros(3, 4)), "integer tensor"),
+    (dict(ids=torch.zeros(4, dtype=torch.long)), r"\(batch, seq\)"),
+    (dict(special_mask=torch.zeros(2, 4, dtype=torch.bool)), "shape and device"),
+    (dict(special_mask=torch.zeros(3, 4, dtype=torch.long)), "bool tensor"),
+    (dict(mask_id=10), "mask_id"),
+    (dict(vocab_size=5), r"ids must lie in \[0, vocab_size=5\)"),
+    (dict(special_ids=[3, 99]), "special_ids"),
+])
+def test_mask_tokens_rejects_bad_input(change, message):
+    args = dict(ids=torch.full((3, 4), 7), special_mask=torch.zeros(3, 4, dtype=torch.bool),
+                vocab_size=10, mask_id=MASK) | change
+    with pytest.raises(ValueError, match=message):
+        mask_tokens(**args)
+
+
+# --------------------------------------------------------------------------- NSP
+def _documents(first_token: int, count: int, seed: int) -> list[list[list[int]]]:
+    """Documents whose every token is unique: token t lives in exactly one place."""
+    g = torch.Generator().manual_seed(seed)
+    docs, token = [], first_token
+    for _ in range(count):
+        doc = []
+        for _ in range(int(torch.randint(1, 6, (1,), generator=g))):
+            length = int(torch.randint(1, 5, (1,), generator=g))
+            doc.append(list(range(token, token + length)))
+            token += length
+        docs.append(doc)
+    return docs
+
+
+def test_nsp_pairs_are_consecutive_or_from_another_document():
+    docs = _documents(10, 200, seed=0)
+    where = {tuple(s): (d, i) for d, doc in enumerate(docs) for i, s in enumerate(doc)}
+    pairs = nsp_pairs(docs, seed=1)
+    assert len(pairs) == sum(len(doc) - 1 for doc in docs)
+    for a, b, label in pairs:
+        (doc_a, i), (doc_b, j) = where[tuple(a)], where[tuple(b)]
+        if label == 0:
+            assert doc_a == doc_b and j == i + 1
+        else:
+            assert label == 1 and doc_a != doc_b
+    assert within_binomial(sum(label == 0 for *_, label in pairs), len(pairs), 0.5)
+
+
+def test_nsp_pairs_never_cross_the_split():
+    train, valid = _documents(10, 150, seed=2), _documents(100_000, 50, seed=3)
+    for docs, low, high in ((train, 10, 100_000), (valid, 100_000, math.inf)):
+        pairs = nsp_pairs(docs, seed=4)
+        assert all(low <= t < high for a, b, _ in pairs for t in a + b)
+        assert any(label == 1 for *_, label in pairs)
+
+
+def test_nsp_pairs_are_reproducible_and_reject_bad_input():
+    docs = _documents(10, 30, seed=5)
+    assert nsp_pairs(docs, seed=7) == nsp_pairs(docs, seed=7) != nsp_pairs(docs, seed=8)
+    with pytest.raises(ValueError, match="two non-empty documents"):
+        nsp_pairs(docs[:1] + [[]])
+    with pytest.raises(ValueError, match="p_next"):
+        nsp_pairs(docs, p_next=1.0)
+
+
+def test_chunk_cuts_a_document_into_segments():
+    assert chunk(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    with pytest.raises(ValueError, match="positive"):
+        chunk([1, 2], 0)
+
+
+# --------------------------------------------------------------------------- pairs and batches
+def test_build_pair_layout_and_segments():
+    ids, segments = build_pair([5, 6], [7, 8, 9], CLS, SEP)
+    assert ids == [CLS, 5, 6, SEP, 7, 8, 9, SEP]
+    assert segments == [0, 0, 0, 0, 1, 1, 1, 1]
+    ids, segments = build_pair(list(range(10, 20)), [7, 8], CLS, SEP, max_len=9)
+    assert ids == [CLS, 10, 11, 12, 13, SEP, 7, 8, SEP], "the longer segment is cut, from its end"
+    assert segments == [0] * 6 + [1] * 3
+    with pytest.raises(ValueError, match="at least 5"):
+        build_pair([1], [2], CLS, SEP, max_len=4)
+
+
+def test_collate_pairs_masks_exactly_the_special_positions():
+    pairs = [([5, 6], [7], 0), ([8], [9, 10, 11], 1), ([12] * 20, [13] * 20, 1)]
+    batch = collate_pairs(pairs, CLS, SEP, PAD, max_len=12)
+    assert batch["ids"].shape == (3, 12) and batch["nsp_labels"].tolist() == [0, 1, 1]
+    assert batch["ids"][0].tolist() == [CLS, 5, 6, SEP, 7, SEP] + [PAD] * 6
+    assert batch["segment_ids"][1].tolist()[:7] == [0, 0, 0, 1, 1, 1, 1]
+    special = torch.isin(batch["ids"], torch.tensor([PAD, CLS, SEP]))
+    assert torch.equal(batch["special_mask"], special)
+    assert torch.equal(batch["attention_mask"], batch["ids"] != PAD)
+    _, labels = mask_tokens(batch["ids"], batch["special_mask"], 30, MASK)
+    assert not ((labels != IGNORE) & special).any()
+    with pytest.raises(ValueError, match="empty"):
+        collate_pairs([], CLS, SEP, PAD, 8)
+
+
+def test_pack_documents_wraps_rows_in_cls_and_sep():
+    rows = pack_documents([[5, 6, 7], [8, 9], [10, 11, 12, 13]], seq_len=5, cls_id=CLS, sep_id=SEP)
+    assert rows.tolist() == [[CLS, 5, 6, 7, SEP], [CLS, SEP, 8, 9, SEP], [CLS, SEP, 10, 11, SEP],
+                             [CLS, 12, 13, SEP, SEP]]  # documents joined by [SEP]
+    with pytest.raises(ValueError, match="fewer than one row"):
+        pack_documents([[5]], seq_len=10, cls_id=CLS, sep_id=SEP)
+
+
+def test_unigram_cross_entropy_is_the_entropy_of_the_frequencies():
+    ids = torch.tensor([5] * 5000 + [6] * 3000 + [7] * 2000)
+    entropy = -sum(q * math.log(q) for q in (0.5, 0.3, 0.2))
+    assert abs(unigram_cross_entropy(ids, ids, 10) - entropy) < 1e-3
+    uniform = torch.arange(10).repeat(100)
+    assert abs(unigram_cross_entropy(uniform, torch.tensor([3]), 10) - math.log(10)) < 1e-9
+    with pytest.raises(ValueError, match="lie in"):
+        unigram_cross_entropy(ids, torch.tensor([10]), 10)
