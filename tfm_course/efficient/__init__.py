@@ -5,7 +5,8 @@
 * :mod:`~tfm_course.efficient.performer` — FAVOR+ positive random features (kernel trick);
 * :mod:`~tfm_course.efficient.sparse` — window / global / random masks (Longformer, BigBird);
 * :mod:`~tfm_course.efficient.retnet` — retention: parallel, recurrent and chunkwise forms;
-* :mod:`~tfm_course.efficient.mamba` — the selective scan (S6) and the Mamba block.
+* :mod:`~tfm_course.efficient.mamba` — the selective scan (S6) and the Mamba block;
+* :mod:`~tfm_course.efficient.approximation` — how far Performer / Linformer are from softmax.
 
 Each module reads on its own; :mod:`tfm_course.bench` measures them side by side.
 """

@@ -1,0 +1,79 @@
+"""The approximation-error experiments: what they measure, and the findings the chapter relies on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tfm_course.efficient.approximation import (linformer_error, low_rank_error, performer_error,
+                                                random_qkv, relative_error,
+                                                segment_mean_projection)
+
+
+def test_random_qkv_has_the_requested_logit_scale_and_is_reproducible():
+    q, k, v = random_qkv(256, 32, logit_std=0.5, draws=4, seed=3)
+    assert q.shape == k.shape == v.shape == (4, 256, 32)
+    logits = q @ k.transpose(-2, -1) / math.sqrt(32)
+    assert abs(float(logits.std()) - 0.5) < 0.02
+    torch.testing.assert_close(random_qkv(256, 32, 0.5, 4, seed=3)[0], q)
+
+
+def test_performer_error_falls_with_features_at_a_small_logit_scale():
+    errors = [float(performer_error(m, 0.25, n=128, d=32, draws=6).mean()) for m in (16, 256, 4096)]
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 0.2 < 0.6 < errors[0]  # 16× the features: about 4× less error (1/√m)
+
+
+def test_performer_error_stays_large_at_logit_std_one_whatever_the_features():
+    """The spec's finding: exp(‖q + k‖²) variance, not the number of features, dominates."""
+    for m in (64, 1024, 4096):  # the spec's d = 64; at logit std 0.25 the same m give 0.6 → 0.1
+        large = float(performer_error(m, 1.0, n=128, d=64, draws=4).mean())
+        small = float(performer_error(m, 0.25, n=128, d=64, draws=4).mean())
+        assert large > 1.5 and large > 2.5 * small
+
+
+def test_orthogonal_features_help_on_average_near_m_equal_d():
+    iid = performer_error(32, 0.25, orthogonal=False, n=64, d=32, draws=32)
+    orth = performer_error(32, 0.25, orthogonal=True, n=64, d=32, draws=32)
+    assert float(orth.mean()) < float(iid.mean())
+
+
+def test_linformer_segment_means_are_exact_at_k_equal_n_and_gaussian_is_never_close():
+    assert float(linformer_error(64, 1.0, n=64, d=16).max()) < 1e-5  # E = F = I
+    for k in (4, 16, 48):
+        assert float(linformer_error(k, 1.0, "gaussian", n=64, d=16).min()) > 1.0
+        assert 0.05 < float(linformer_error(k, 1.0, n=64, d=16).mean()) < 1.0
+
+
+def test_low_rank_error_is_eckart_young():
+    g = torch.Generator().manual_seed(0)
+    A = torch.softmax(torch.randn(3, 20, 20, generator=g, dtype=torch.float64) * 2, -1)
+    U, S, Vh = torch.linalg.svd(A)
+    for r in (0, 1, 5, 20):
+        best = (U[..., :r] * S[..., None, :r]) @ Vh[..., :r, :]
+        torch.testing.assert_close(low_rank_error(A, r), relative_error(best, A))
+    assert torch.equal(low_rank_error(A, 0), torch.ones(3, dtype=torch.float64))
+
+
+def test_segment_mean_projection_averages_consecutive_segments():
+    E = segment_mean_projection(3, 7)
+    torch.testing.assert_close(E.sum(-1), torch.ones(3))
+    assert (E > 0).sum(-1).tolist() == [3, 2, 2]  # near-equal segments, each position once
+    torch.testing.assert_close((E > 0).sum(0), torch.ones(7, dtype=torch.long))
+    torch.testing.assert_close(segment_mean_projection(5, 5), torch.eye(5))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: random_qkv(0, 4, 1.0), "positive"),
+    (lambda: random_qkv(4, 4, 0.0), "logit_std"),
+    (lambda: segment_mean_projection(9, 8), r"k_proj must be in \[1, n=8\]"),
+    (lambda: linformer_error(4, projection="svd"), "segment-mean"),
+    (lambda: low_rank_error(torch.ones(3), 1), r"\(\.\.\., n, n\)"),
+    (lambda: low_rank_error(torch.ones(3, 3), -1), "non-negative"),
+    (lambda: relative_error(torch.ones(2, 3), torch.ones(3, 2)), "shapes differ"),
+])
+def test_bad_inputs_raise(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

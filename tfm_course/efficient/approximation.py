@@ -1,0 +1,133 @@
+"""How close are the approximate attentions to softmax attention? Small, seeded experiments.
+
+Each function draws random queries, keys and values whose logits ``q·k/√d`` have a chosen
+standard deviation (the *logit scale*: small = nearly uniform attention, large = sharp attention),
+and returns the relative error of one approximation per draw:
+
+* :func:`performer_error` — FAVOR+ positive random features vs the exact attention matrix, as a
+  function of the number of features m, i.i.d. or orthogonal, and the logit scale;
+* :func:`linformer_error` — the Linformer output with a fixed projection E = F (segment means, or
+  the random Gaussian projection of the paper's analysis) vs the exact output, as a function of k;
+* :func:`low_rank_error` — the best any rank-k matrix can do (Eckart–Young, from the singular
+  values): Linformer's premise, for random or *trained* attention weights.
+
+The relative error is ``‖Â − A‖_F / ‖A‖_F`` per draw. Nothing here trains anything.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .linformer import linformer_attention
+from .performer import draw_projection, positive_random_features
+
+__all__ = ["random_qkv", "performer_error", "linformer_error", "low_rank_error",
+           "segment_mean_projection", "relative_error"]
+
+
+def random_qkv(n: int, d: int, logit_std: float, draws: int = 4, seed: int = 0,
+               dtype: torch.dtype = torch.float32,
+               device: torch.device | str | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v of shape ``(draws, n, d)`` with ``std(q·k/√d) = logit_std``.
+
+    Entries of q and k are N(0, σ²) with σ² = logit_std (then q·k/√d has variance σ⁴); v is N(0, 1).
+    Drawn on the CPU from ``seed`` (the same numbers on every device), then moved to ``device``.
+    """
+    if n < 1 or d < 1 or draws < 1:
+        raise ValueError(f"n, d and draws must be positive, got n={n}, d={d}, draws={draws}")
+    if logit_std <= 0:
+        raise ValueError(f"logit_std must be positive, got {logit_std}")
+    g = torch.Generator().manual_seed(seed)
+    sigma = math.sqrt(logit_std)
+    q, k, v = (torch.randn(draws, n, d, generator=g, dtype=dtype) for _ in range(3))
+    return (sigma * q).to(device), (sigma * k).to(device), v.to(device)
+
+
+def relative_error(approx: Tensor, exact: Tensor) -> Tensor:
+    """``‖approx − exact‖_F / ‖exact‖_F`` over the last two dims: ``(..., a, b) → (...)``."""
+    if approx.shape != exact.shape:
+        raise ValueError(f"shapes differ: approx {tuple(approx.shape)}, exact {tuple(exact.shape)}")
+    diff = (approx - exact).flatten(-2).norm(dim=-1)
+    return diff / exact.flatten(-2).norm(dim=-1)
+
+
+def _softmax_weights(q: Tensor, k: Tensor) -> Tensor:
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+
+
+def performer_error(num_features: int, logit_std: float = 0.25, orthogonal: bool = True,
+                    n: int = 256, d: int = 64, draws: int = 4, seed: int = 0,
+                    dtype: torch.dtype = torch.float32,
+                    device: torch.device | str | None = None) -> Tensor:
+    """Relative error of FAVOR+'s attention matrix ``D⁻¹ φ(Q) φ(K)ᵀ``, one value per draw ``(draws,)``.
+
+    Each draw has its own inputs and its own projection (orthogonal blocks or i.i.d. rows).
+    The estimator's variance grows like exp(‖q' + k'‖²) with q' = q·d^(−1/4), so at a large logit
+    scale the error stays large whatever ``num_features`` is — and at a fixed logit scale it grows
+    with d (‖q'‖² ≈ √d · logit_std).
+    """
+    q, k, _ = random_qkv(n, d, logit_std, draws, seed, dtype, device)
+    g = torch.Generator().manual_seed(seed + 1)
+    projection = torch.stack([draw_projection(num_features, d, orthogonal, g, device, dtype)
+                              for _ in range(draws)])  # (draws, m, d)
+    phi_q = positive_random_features(q, projection, is_query=True)  # (draws, n, m)
+    phi_k = positive_random_features(k, projection, is_query=False)
+    estimate = phi_q @ phi_k.transpose(-2, -1)
+    estimate = estimate / estimate.sum(-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+    return relative_error(estimate, _softmax_weights(q, k))
+
+
+def segment_mean_projection(k_proj: int, n: int, dtype: torch.dtype = torch.float32,
+                            device: torch.device | str | None = None) -> Tensor:
+    """``(k_proj, n)``: row r averages the r-th of k_proj near-equal consecutive segments.
+
+    As E = F in Linformer, each projected key (value) is the mean of a segment of keys (values);
+    k_proj = n gives the identity, i.e. exact softmax attention.
+    """
+    if not 1 <= k_proj <= n:
+        raise ValueError(f"k_proj must be in [1, n={n}], got {k_proj}")
+    segment = torch.arange(n, device=device) * k_proj // n  # which segment each position is in
+    E = (segment[None, :] == torch.arange(k_proj, device=device)[:, None]).to(dtype)
+    return E / E.sum(-1, keepdim=True)
+
+
+def linformer_error(k_proj: int, logit_std: float = 0.25, projection: str = "segment-mean",
+                    n: int = 256, d: int = 64, draws: int = 4, seed: int = 0,
+                    dtype: torch.dtype = torch.float32,
+                    device: torch.device | str | None = None) -> Tensor:
+    """Relative error of Linformer's output ``softmax(Q (E K)ᵀ/√d) (F V)`` with E = F, per draw.
+
+    ``projection``: ``"segment-mean"`` (:func:`segment_mean_projection`, exact at k = n) or
+    ``"gaussian"`` (entries N(0, 1/k), the random projection of the paper's analysis: untrained,
+    it does not approximate softmax attention at any k — in a model E and F are learned).
+    """
+    if projection not in ("segment-mean", "gaussian"):
+        raise ValueError(f"projection must be 'segment-mean' or 'gaussian', got {projection!r}")
+    q, k, v = random_qkv(n, d, logit_std, draws, seed, dtype, device)
+    if projection == "segment-mean":
+        E = segment_mean_projection(k_proj, n, dtype, device)
+    else:
+        if k_proj < 1:
+            raise ValueError(f"k_proj must be positive, got {k_proj}")
+        g = torch.Generator().manual_seed(seed + 1)
+        E = (torch.randn(k_proj, n, generator=g, dtype=dtype) / math.sqrt(k_proj)).to(device)
+    exact = _softmax_weights(q, k) @ v
+    approx = linformer_attention(q[:, None], k[:, None], v[:, None], E)[:, 0]  # one head
+    return relative_error(approx, exact)
+
+
+def low_rank_error(weights: Tensor, rank: int) -> Tensor:
+    """Relative error of the best rank-``rank`` approximation of each ``(..., n, n)`` matrix.
+
+    By Eckart–Young it is ``sqrt(Σ_{i>rank} s_i² / Σ_i s_i²)`` from the singular values s: the
+    floor under any rank-``rank`` method (Linformer's k), for random or trained attention weights.
+    """
+    if weights.dim() < 2:
+        raise ValueError(f"weights must be (..., n, n), got {tuple(weights.shape)}")
+    if rank < 0:
+        raise ValueError(f"rank must be non-negative, got {rank}")
+    energy = torch.linalg.svdvals(weights.double()).square()  # (..., min(n_q, n_k)), descending
+    return (energy[..., rank:].sum(-1) / energy.sum(-1)).sqrt().to(weights.dtype)
