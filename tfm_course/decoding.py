@@ -41,239 +41,303 @@ top-k and top-p), :func:`greedy_search` (from ``<bos>``, for encoder-decoders) a
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from .attention import causal_mask, merge_heads, scaled_dot_product_attention, split_heads
-from .models.transformer import Transformer, source_mask
-
-__all__ = ["greedy_search", "beam_search", "length_penalty", "Recompute", "KVCache",
-           "greedy_decode", "beam_decode"]
+__all__ = ["Stepper", "top_k_filter", "top_p_filter", "sample", "generate", "greedy_search",
+           "length_penalty", "beam_search", "ban_tokens", "greedy_decode", "beam_decode"]
 
 
 class Stepper(Protocol):
+    """``stepper(prefix (N, t)) -> logits (N, V)``; ``reorder(index (N',))``: the module docstring."""
+
     def __call__(self, prefix: Tensor) -> Tensor: ...
+
     def reorder(self, index: Tensor) -> None: ...
 
 
+def _checks_every(device: torch.device) -> int:
+    """Steps between two looks at "has every row finished?".
+
+    Reading a flag computed on a GPU makes the CPU wait for all queued work (a host sync), which
+    stalls a decoding loop if done at every step; on the CPU it costs nothing. A late look only
+    wastes a few steps on finished rows, which get padding and are trimmed away.
+    """
+    return 1 if device.type == "cpu" else 8
+
+
+def _check_logits(logits: Tensor, rows: int, what: str = "batch") -> None:
+    if logits.dim() != 2 or logits.shape[0] != rows:
+        raise ValueError(f"the stepper must return ({what}={rows}, V) logits, got {tuple(logits.shape)}")
+
+
+def _trim_after_eos(tokens: Tensor, eos_id: int) -> Tensor:
+    """Drop the trailing columns after the last row's first ``<eos>`` (one host sync, at the end)."""
+    if tokens.shape[1] == 0:
+        return tokens
+    is_eos = tokens == eos_id
+    end = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, tokens.shape[1])  # (B,)
+    return tokens[:, :int(end.max())]
+
+
+# --------------------------------------------------------------------------- logits -> a token
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Keep the ``k`` largest logits of each row and set the others to ``-inf``: ``(..., V)``.
+
+    ``k >= V`` keeps everything. Ties at the k-th value are broken by ``topk``, so exactly ``k``
+    stay.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k must be an integer >= 1, got {k!r}")
+    if k >= logits.shape[-1]:
+        return logits
+    values, index = logits.topk(k, dim=-1)
+    return torch.full_like(logits, float("-inf")).scatter(-1, index, values)
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Nucleus filtering (Holtzman et al., 2020): keep the smallest set of most likely tokens whose
+    probability reaches ``p``, set the others to ``-inf``: ``(..., V) -> (..., V)``.
+
+    A token stays when the tokens ranked above it hold less than ``p`` of the probability, so the
+    most likely token always stays and ``p = 1`` keeps every token of non-zero probability.
+    """
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.float().softmax(dim=-1)
+    mass_above = probs.cumsum(dim=-1) - probs  # (..., V): probability of the better-ranked tokens
+    drop_sorted = mass_above >= p
+    drop_sorted[..., 0] = False  # rounding must never empty a row
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None:
+        top_k_filter(torch.zeros(1, 1), top_k)  # raises with the message
+    if top_p is not None:
+        top_p_filter(torch.zeros(1, 1), top_p)
+
+
+def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+           top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """One token per row of ``logits (N, V)``: returns ``(N,)`` long.
+
+    Divides the logits by ``temperature``, keeps the ``top_k`` best, then the top-p nucleus, and
+    draws from the softmax of what is left (the order Hugging Face uses; top-k does not depend on
+    the temperature, top-p does). ``temperature=0`` is the limit of that: the argmax, i.e. greedy.
+    ``generator`` (on the logits' device) makes the draw reproducible.
+    """
+    _check_sampling(temperature, top_k, top_p)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (N, V), got {tuple(logits.shape)}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
 # --------------------------------------------------------------------------- searches
+def generate(stepper: Callable[[Tensor], Tensor], prompt: Tensor, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             generator: torch.Generator | None = None, eos_id: int | None = None,
+             pad_id: int = 0) -> Tensor:
+    """Extend ``prompt (B, t0)`` by up to ``max_new_tokens``: returns ``(B, t0 + n)``, n <= max_new_tokens.
+
+    Each step asks the stepper for the next-token logits of every row and picks a token with
+    :func:`sample` (``temperature=0``: greedy). With ``eos_id`` a row that has produced ``<eos>``
+    is finished: it gets ``pad_id`` afterwards, and generation stops once every row has finished.
+    """
+    if prompt.dim() != 2 or prompt.shape[1] == 0 or prompt.is_floating_point():
+        raise ValueError(f"prompt must be integer ids (batch, t0) with t0 >= 1, got "
+                         f"{tuple(prompt.shape)} {prompt.dtype}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    _check_sampling(temperature, top_k, top_p)
+    batch, every = prompt.shape[0], _checks_every(prompt.device)
+    seq = prompt
+    done = torch.zeros(batch, dtype=torch.bool, device=prompt.device)
+    for step in range(max_new_tokens):
+        logits = stepper(seq)
+        _check_logits(logits, batch)
+        token = sample(logits, temperature, top_k, top_p, generator)
+        if eos_id is not None:
+            token = token.masked_fill(done, pad_id)
+            done = done | (token == eos_id)
+        seq = torch.cat([seq, token[:, None]], dim=1)
+        if eos_id is not None and (step + 1) % every == 0 and bool(done.all()):
+            break
+    if eos_id is None:
+        return seq
+    return torch.cat([prompt, _trim_after_eos(seq[:, prompt.shape[1]:], eos_id)], dim=1)
+
+
 def greedy_search(next_logits: Callable[[Tensor], Tensor], batch_size: int, bos_id: int,
                   eos_id: int, max_len: int, pad_id: int = 0,
                   device: torch.device | str | None = None) -> Tensor:
-    """Pick the most likely token at every step; returns ``(batch, L)`` with ``L <= max_len``.
+    """Pick the most likely token at every step, starting from ``<bos>``: returns ``(batch, L)``.
 
-    ``next_logits(prefix (batch, t)) -> (batch, V)``; the prefix starts with ``<bos>``. The output
-    holds the generated tokens (no ``<bos>``), ``<eos>`` included, and ``pad_id`` after it. It stops
-    early once every sequence has produced ``<eos>``.
+    ``next_logits(prefix (batch, t)) -> (batch, V)`` is a stepper (or any such function). The
+    output holds the generated tokens (no ``<bos>``), ``<eos>`` included and ``pad_id`` after it,
+    with ``L <= max_len``; it stops once every sequence has produced ``<eos>``.
     """
     if batch_size <= 0 or max_len <= 0:
         raise ValueError(f"batch_size and max_len must be positive, got {batch_size}, {max_len}")
-    prefix = torch.full((batch_size, 1), bos_id, dtype=torch.long, device=device)
-    done = torch.zeros(batch_size, dtype=torch.bool, device=device)
-    for _ in range(max_len):
-        logits = next_logits(prefix)
-        if logits.dim() != 2 or logits.shape[0] != batch_size:
-            raise ValueError(f"next_logits must return (batch={batch_size}, V), got {tuple(logits.shape)}")
-        token = logits.argmax(dim=-1).masked_fill(done, pad_id)
-        prefix = torch.cat([prefix, token[:, None]], dim=1)
-        done = done | (token == eos_id)
-        if bool(done.all()):
-            break
-    return prefix[:, 1:]
+    start = torch.full((batch_size, 1), bos_id, dtype=torch.long, device=device)
+    return generate(next_logits, start, max_len, temperature=0.0, eos_id=eos_id, pad_id=pad_id)[:, 1:]
 
 
-def length_penalty(length: Tensor, alpha: float) -> Tensor:
+def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     """Wu et al. (2016): lp(Y) = ((5 + |Y|) / 6)^α. Beam search ranks by log p(Y) / lp(Y)."""
-    return ((5.0 + length.float()) / 6.0) ** alpha
+    length = length.float() if isinstance(length, Tensor) else float(length)
+    return ((5.0 + length) / 6.0) ** alpha
 
 
 def beam_search(stepper: Stepper, batch_size: int, beam_size: int, bos_id: int, eos_id: int,
                 max_len: int, alpha: float = 0.6, pad_id: int = 0,
-                device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
-    """Keep the ``beam_size`` best hypotheses per example; return the best ``(batch, L)`` and its score.
+                device: torch.device | str | None = None,
+                prompt: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Beam search: ``beam_size`` (K) live hypotheses per example plus a list of finished ones.
 
-    The stepper sees ``batch_size * beam_size`` rows (example-major: rows ``b*K … b*K+K-1`` are the
-    beams of example ``b``). Hypotheses are ranked by length-normalised log-probability
-    (:func:`length_penalty`; ``alpha=0`` is the plain sum). A finished hypothesis (it produced
-    ``<eos>``) keeps its score and length and is only extended with padding. Returns the tokens
-    (no ``<bos>``, ``pad_id`` after ``<eos>``) and the normalised scores ``(batch,)``.
+    The stepper is built for the ``batch_size`` (B) examples; beam search expands each into K rows
+    with ``stepper.reorder`` (example-major: rows ``b*K … b*K+K-1`` are the beams of example ``b``)
+    and reorders again after every step. Each step:
+
+    1. extends every live hypothesis by every token (K·V candidates per example, scored by their
+       summed log-probability) and takes the best 2K;
+    2. a candidate among the best K that ends in ``<eos>`` joins the example's finished list,
+       ranked by its length-normalised score log p / lp(|Y|) (:func:`length_penalty`; ``alpha=0``
+       is the plain sum); the list keeps the K best;
+    3. the K best candidates that do *not* end in ``<eos>`` become the live hypotheses, so the
+       beam never narrows (at most K of the best 2K end in ``<eos>``, one per live hypothesis).
+
+    An example is closed once its list holds K hypotheses and no live one can still beat the worst
+    of them: a summed log-probability only falls as a hypothesis grows, so its best possible score
+    is its sum now over the most favourable lp up to ``max_len`` (Hugging Face's default compares
+    at the current length instead, a heuristic when α > 0). Hypotheses still live at ``max_len``
+    compete as they are. fairseq's ``SequenceGenerator`` and Hugging Face's beam search keep live
+    and finished hypotheses apart in the same way.
+
+    ``prompt`` ``(B, t0)`` replaces the single ``<bos>`` start. Returns the best hypothesis of each
+    example ``(B, L)``, ``L <= max_len`` (the generated tokens: no start, ``<eos>`` included,
+    ``pad_id`` after it), and its normalised log-probability ``(B,)``.
     """
     if beam_size <= 0 or batch_size <= 0 or max_len <= 0:
         raise ValueError(f"batch_size, beam_size and max_len must be positive, got "
                          f"{batch_size}, {beam_size}, {max_len}")
+    if not callable(getattr(stepper, "reorder", None)):
+        raise ValueError("beam search needs a stepper with a reorder(index) method")
     B, K = batch_size, beam_size
-    prefix = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
-    logp_sum = torch.zeros(B, K, device=device)
-    logp_sum[:, 1:] = float("-inf")  # all beams start identical: expand only the first
-    length = torch.zeros(B, K, dtype=torch.long, device=device)
-    done = torch.zeros(B, K, dtype=torch.bool, device=device)
-    for _ in range(max_len):
+    if prompt is None:
+        prompt = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
+    if prompt.dim() != 2 or prompt.shape[0] != B:
+        raise ValueError(f"prompt must be (batch={B}, t0), got {tuple(prompt.shape)}")
+    device, t0 = prompt.device, prompt.shape[1]
+    offsets = torch.arange(B, device=device)[:, None] * K  # (B, 1): first row of each example
+    expand = torch.arange(B, device=device).repeat_interleave(K)
+    stepper.reorder(expand)
+    prefix = prompt[expand]  # (B*K, t0)
+    live_sum = torch.zeros(B, K, device=device)
+    live_sum[:, 1:] = float("-inf")  # all beams start identical: expand only the first
+    fin_tokens = torch.full((B, K, max_len), pad_id, dtype=torch.long, device=device)
+    fin_score = torch.full((B, K), float("-inf"), device=device)
+    closed = torch.zeros(B, dtype=torch.bool, device=device)
+    every = _checks_every(device)
+    for step in range(max_len):
+        length = step + 1  # tokens generated, counting this one
         logits = stepper(prefix)
+        _check_logits(logits, B * K, "batch*beam")
         V = logits.shape[-1]
-        if logits.shape != (B * K, V):
-            raise ValueError(f"the stepper must return (batch*beam={B * K}, V), got {tuple(logits.shape)}")
         logp = torch.log_softmax(logits.float(), dim=-1).view(B, K, V)
-        # a finished beam may only be extended by padding, at no cost
-        pad_only = torch.full((V,), float("-inf"), device=logp.device)
-        pad_only[pad_id] = 0.0
-        logp = torch.where(done[..., None], pad_only, logp)
-        cand_sum = logp_sum[..., None] + logp  # (B, K, V)
-        cand_len = (length + (~done).long())[..., None].expand(B, K, V)
-        cand_score = cand_sum / length_penalty(cand_len, alpha)
-        best = cand_score.view(B, K * V).topk(K, dim=-1).indices  # (B, K)
-        beam, token = best // V, best % V
-        logp_sum = cand_sum.view(B, K * V).gather(1, best)
-        length = cand_len.reshape(B, K * V).gather(1, best)
-        done = done.gather(1, beam) | (token == eos_id)
-        rows = (beam + torch.arange(B, device=beam.device)[:, None] * K).view(-1)
+        cand_sum, cand = (live_sum[..., None] + logp).view(B, K * V).topk(min(2 * K, K * V), dim=1)
+        rows, token = cand // V + offsets, cand % V  # (B, 2K), best first
+        ends = token == eos_id
+        # 2. finished hypotheses: <eos> among the best K candidates, of examples still open
+        rank = torch.arange(cand.shape[1], device=device)
+        joins = ends & (rank < K) & ~closed[:, None] & (cand_sum > float("-inf"))
+        score = (cand_sum / length_penalty(length, alpha)).masked_fill(~joins, float("-inf"))
+        tokens = torch.cat([prefix[:, t0:][rows], token[..., None]], dim=-1)  # (B, 2K, length)
+        tokens = torch.nn.functional.pad(tokens, (0, max_len - length), value=pad_id)
+        fin_score, keep = torch.cat([fin_score, score], dim=1).topk(K, dim=1)
+        fin_tokens = torch.cat([fin_tokens, tokens], dim=1).gather(
+            1, keep[..., None].expand(B, K, max_len))
+        # 3. live hypotheses: the K best candidates that go on
+        live_sum, pick = cand_sum.masked_fill(ends, float("-inf")).topk(K, dim=1)
+        rows = rows.gather(1, pick).view(-1)
         stepper.reorder(rows)
-        prefix = torch.cat([prefix[rows], token.view(-1, 1)], dim=1)
-        if bool(done.all()):
+        prefix = torch.cat([prefix[rows], token.gather(1, pick).view(-1, 1)], dim=1)
+        best_lp = max(length_penalty(length, alpha), length_penalty(max_len, alpha))
+        closed = closed | (live_sum[:, 0] / best_lp <= fin_score[:, -1])
+        if (step + 1) % every == 0 and bool(closed.all()):
             break
-    score = logp_sum / length_penalty(length, alpha)
-    top = score.argmax(dim=-1)  # (B,)
-    rows = top + torch.arange(B, device=top.device) * K
-    return prefix[rows, 1:], score.gather(1, top[:, None]).squeeze(1)
-
-
-# --------------------------------------------------------------------------- steppers
-class Recompute:
-    """No cache: the whole decoder runs on the whole prefix at each step."""
-
-    def __init__(self, model: Transformer, src: Tensor) -> None:
-        self.model, self.src = model, src
-        self.memory = model.encode(src)
-
-    def __call__(self, prefix: Tensor) -> Tensor:
-        mask = causal_mask(prefix.shape[1], device=prefix.device)  # no padding inside a prefix
-        return self.model.decode(prefix, self.memory, self.src, tgt_mask=mask)[:, -1]
-
-    def reorder(self, index: Tensor) -> None:
-        self.src, self.memory = self.src[index], self.memory[index]
-
-
-def _heads(proj: nn.Linear, x: Tensor, num_heads: int) -> Tensor:
-    return split_heads(proj(x), num_heads)  # (B, heads, seq, d_head)
-
-
-def _repeat_kv(attn: nn.Module, t: Tensor) -> Tensor:
-    group = attn.num_heads // attn.num_kv_heads
-    return t if group == 1 else t.repeat_interleave(group, dim=1)
-
-
-class KVCache:
-    """Incremental decoding: each call processes only ``prefix[:, -1]``, the newest token.
-
-    Per decoder layer it stores the self-attention keys and values of every earlier position
-    ``(B, heads, t, d_head)`` and the cross-attention keys and values of the memory
-    ``(B, heads, S, d_head)``, computed once. The attention itself uses the layer's own
-    projections (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``) and
-    :func:`~tfm_course.attention.scaled_dot_product_attention`, so the result equals
-    :class:`Recompute` up to float rounding.
-    """
-
-    def __init__(self, model: Transformer, src: Tensor) -> None:
-        self.model = model
-        memory = model.encode(src)
-        self.memory_mask = source_mask(src, model.pad_id)  # (B, 1, 1, S)
-        self.cross: list[tuple[Tensor, Tensor]] = []
-        for layer in model.decoder.layers:
-            attn = layer.cross_attn
-            if attn.rotary is not None:
-                raise ValueError("KVCache does not support rotary cross-attention")
-            k = _repeat_kv(attn, _heads(attn.k_proj, memory, attn.num_kv_heads))
-            v = _repeat_kv(attn, _heads(attn.v_proj, memory, attn.num_kv_heads))
-            self.cross.append((k, v))
-        self.self_kv: list[tuple[Tensor, Tensor] | None] = [None] * len(model.decoder.layers)
-        self.length = 0  # positions processed so far
-
-    def _self_attention(self, i: int, attn: nn.Module, x: Tensor) -> Tensor:
-        if attn.rotary is not None:
-            raise ValueError("KVCache does not support rotary self-attention")
-        q = _heads(attn.q_proj, x, attn.num_heads)  # (B, h, 1, d_head)
-        k = _repeat_kv(attn, _heads(attn.k_proj, x, attn.num_kv_heads))
-        v = _repeat_kv(attn, _heads(attn.v_proj, x, attn.num_kv_heads))
-        if self.self_kv[i] is not None:
-            k = torch.cat([self.self_kv[i][0], k], dim=2)  # (B, h, t+1, d_head)
-            v = torch.cat([self.self_kv[i][1], v], dim=2)
-        self.self_kv[i] = (k, v)
-        # the newest query may read every cached key: the causal mask is implicit
-        return attn.out_proj(merge_heads(scaled_dot_product_attention(q, k, v)))
-
-    def _cross_attention(self, i: int, attn: nn.Module, x: Tensor) -> Tensor:
-        q = _heads(attn.q_proj, x, attn.num_heads)
-        k, v = self.cross[i]
-        out = scaled_dot_product_attention(q, k, v, mask=self.memory_mask)
-        return attn.out_proj(merge_heads(out))
-
-    def __call__(self, prefix: Tensor) -> Tensor:
-        if prefix.shape[1] != self.length + 1:
-            raise ValueError(f"KVCache has seen {self.length} positions, so the prefix must have "
-                             f"{self.length + 1}; got {tuple(prefix.shape)}")
-        model = self.model
-        x = model.embed(prefix[:, -1:], model.tgt_embed, offset=self.length)  # (B, 1, d)
-        for i, layer in enumerate(model.decoder.layers):
-            if layer.norm_first:
-                x = x + self._self_attention(i, layer.self_attn, layer.norm1(x))
-                x = x + self._cross_attention(i, layer.cross_attn, layer.norm2(x))
-                x = x + layer.ffn(layer.norm3(x))
-            else:
-                x = layer.norm1(x + self._self_attention(i, layer.self_attn, x))
-                x = layer.norm2(x + self._cross_attention(i, layer.cross_attn, x))
-                x = layer.norm3(x + layer.ffn(x))
-        if model.decoder.norm is not None:
-            x = model.decoder.norm(x)
-        self.length += 1
-        return model.out_proj(x)[:, -1]
-
-    def reorder(self, index: Tensor) -> None:
-        self.memory_mask = self.memory_mask[index]
-        self.cross = [(k[index], v[index]) for k, v in self.cross]
-        self.self_kv = [None if kv is None else (kv[0][index], kv[1][index]) for kv in self.self_kv]
+    # hypotheses of open examples still live at max_len compete as they are
+    steps = prefix.shape[1] - t0
+    live_score = (live_sum / length_penalty(steps, alpha)).masked_fill(closed[:, None], float("-inf"))
+    live_tokens = torch.nn.functional.pad(prefix[:, t0:], (0, max_len - steps), value=pad_id)
+    pool_score = torch.cat([fin_score, live_score], dim=1)  # (B, 2K)
+    pool_tokens = torch.cat([fin_tokens, live_tokens.view(B, K, max_len)], dim=1)
+    best_score, best = pool_score.max(dim=1)
+    best_tokens = pool_tokens[torch.arange(B, device=device), best]  # (B, max_len)
+    return _trim_after_eos(best_tokens, eos_id), best_score
 
 
 # --------------------------------------------------------------------------- for a model
-def _never_special(stepper: Stepper, banned: tuple[int, ...]) -> Stepper:
-    """Wrap a stepper so that it never proposes ``<pad>`` or ``<bos>``."""
+class _Banned:
+    """A stepper whose logits for some tokens are always ``-inf``."""
 
-    class Banned:
-        def __call__(self, prefix: Tensor) -> Tensor:
-            logits = stepper(prefix).clone()
-            logits[:, list(banned)] = float("-inf")
-            return logits
+    def __init__(self, stepper: Stepper, token_ids: Sequence[int]) -> None:
+        self.stepper, self.token_ids = stepper, torch.tensor(sorted(set(token_ids)), dtype=torch.long)
 
-        def reorder(self, index: Tensor) -> None:
-            stepper.reorder(index)
+    def __call__(self, prefix: Tensor) -> Tensor:
+        logits = self.stepper(prefix)
+        return logits.index_fill(-1, self.token_ids.to(logits.device), float("-inf"))
 
-    return Banned()
+    def reorder(self, index: Tensor) -> None:
+        self.stepper.reorder(index)
+
+
+def ban_tokens(stepper: Stepper, token_ids: Sequence[int]) -> Stepper:
+    """Wrap a stepper so that it never proposes ``token_ids`` (e.g. ``<pad>``, ``<bos>``)."""
+    return _Banned(stepper, token_ids)
 
 
 @torch.no_grad()
-def greedy_decode(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len: int,
+def greedy_decode(model, src: Tensor, bos_id: int, eos_id: int, max_len: int,
                   use_cache: bool = True) -> Tensor:
-    """Greedy translations ``(B, L)`` of ``src`` ``(B, S)``; ``use_cache`` picks :class:`KVCache`."""
+    """Greedy outputs ``(B, L)`` of an encoder-decoder for ``src`` ``(B, S)``.
+
+    ``model`` is any encoder-decoder with ``model.stepper(src, use_cache)`` and ``model.pad_id``
+    (the module docstring); ``<pad>`` and ``<bos>`` are never proposed. The model runs in
+    ``eval()`` mode and gets its training flag back afterwards.
+    """
     was_training = model.training
     model.eval()
-    stepper = (KVCache if use_cache else Recompute)(model, src)
-    stepper = _never_special(stepper, (model.pad_id, bos_id))
-    out = greedy_search(stepper, src.shape[0], bos_id, eos_id, max_len, model.pad_id, src.device)
-    model.train(was_training)
-    return out
+    try:
+        stepper = ban_tokens(model.stepper(src, use_cache=use_cache), (model.pad_id, bos_id))
+        return greedy_search(stepper, src.shape[0], bos_id, eos_id, max_len, model.pad_id, src.device)
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
-def beam_decode(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len: int,
-                beam_size: int = 4, alpha: float = 0.6,
-                use_cache: bool = True) -> tuple[Tensor, Tensor]:
-    """Beam-search translations ``(B, L)`` of ``src`` and their normalised log-probabilities."""
+def beam_decode(model, src: Tensor, bos_id: int, eos_id: int, max_len: int, beam_size: int = 4,
+                alpha: float = 0.6, use_cache: bool = True) -> tuple[Tensor, Tensor]:
+    """Beam-search outputs ``(B, L)`` of an encoder-decoder for ``src`` and their normalised
+    log-probabilities ``(B,)``; same model interface as :func:`greedy_decode`."""
     was_training = model.training
     model.eval()
-    src_beams = src.repeat_interleave(beam_size, dim=0)  # (B*K, S), example-major
-    stepper = (KVCache if use_cache else Recompute)(model, src_beams)
-    stepper = _never_special(stepper, (model.pad_id, bos_id))
-    out = beam_search(stepper, src.shape[0], beam_size, bos_id, eos_id, max_len, alpha,
-                      model.pad_id, src.device)
-    model.train(was_training)
-    return out
+    try:
+        stepper = ban_tokens(model.stepper(src, use_cache=use_cache), (model.pad_id, bos_id))
+        return beam_search(stepper, src.shape[0], beam_size, bos_id, eos_id, max_len, alpha,
+                           model.pad_id, src.device)
+    finally:
+        model.train(was_training)

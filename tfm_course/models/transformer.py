@@ -14,6 +14,9 @@ The pieces, in the order data flows through them:
 
 Masks are boolean, True = may attend: :func:`source_mask` (source key padding, also used by the
 cross-attention) and :func:`target_mask` (causal *and* target key padding).
+
+Decoding goes through :mod:`tfm_course.decoding`, which talks to the model through a *stepper*:
+``model.stepper(src, use_cache)`` returns :class:`Recompute` or :class:`KVCache`.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import causal_mask
+from ..attention import (MultiHeadAttention, causal_mask, merge_heads,
+                         scaled_dot_product_attention, split_heads)
 from ..layers import DecoderLayer, EncoderLayer, LayerNorm
 
-__all__ = ["source_mask", "target_mask", "Encoder", "Decoder", "Transformer", "sequence_loss"]
+__all__ = ["source_mask", "target_mask", "Encoder", "Decoder", "Transformer", "sequence_loss",
+           "attend_with_cache", "Recompute", "KVCache"]
 
 
 # --------------------------------------------------------------------------- masks
@@ -35,6 +40,21 @@ def _check_tokens(tokens: Tensor, name: str) -> None:
     if tokens.dim() != 2 or tokens.is_floating_point():
         raise ValueError(f"{name} must be integer token ids (batch, seq), got "
                          f"{tuple(tokens.shape)} {tokens.dtype}")
+
+
+def check_ids_in_range(ids: Tensor, size: int, name: str = "token ids") -> None:
+    """``ValueError`` unless every id lies in ``[0, size)``: checked where it is free, on the CPU.
+
+    Reading a GPU tensor's minimum on the host waits for all queued GPU work (a host sync), and
+    the embedding and the loss would do it at every training and decoding step. On a GPU the
+    kernels themselves still stop a bad id (CUDA's embedding and cross-entropy raise a device-side
+    assertion), just with a cruder message: check data on the CPU before moving it when in doubt.
+    """
+    if ids.device.type != "cpu" or ids.numel() == 0:
+        return
+    low, high = ids.aminmax()
+    if low < 0 or high >= size:
+        raise ValueError(f"{name} must lie in [0, {size}), got values in [{int(low)}, {int(high)}]")
 
 
 def source_mask(src: Tensor, pad_id: int = 0) -> Tensor:
@@ -167,9 +187,7 @@ class Transformer(nn.Module):
     def embed(self, tokens: Tensor, table: nn.Embedding, offset: int = 0) -> Tensor:
         """``(B, T)`` ids -> ``(B, T, d_model)``: embedding · √d_model + PE[offset : offset + T]."""
         _check_tokens(tokens, "tokens")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= table.num_embeddings):
-            raise ValueError(f"token ids must lie in [0, {table.num_embeddings}), got values in "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        check_ids_in_range(tokens, table.num_embeddings)
         if offset + tokens.shape[1] > self.max_len:
             raise ValueError(f"positions up to {offset + tokens.shape[1]} exceed max_len "
                              f"{self.max_len}")
@@ -202,6 +220,10 @@ class Transformer(nn.Module):
             raise ValueError(f"src {tuple(src.shape)} and tgt_in {tuple(tgt_in.shape)} must share the batch")
         return self.decode(tgt_in, self.encode(src), src)
 
+    def stepper(self, src: Tensor, use_cache: bool = True) -> "Recompute | KVCache":
+        """The decoding interface of :mod:`tfm_course.decoding` for source ids ``src`` ``(B, S)``."""
+        return (KVCache if use_cache else Recompute)(self, src)
+
     @classmethod
     def from_torch(cls, m: nn.Transformer, src_vocab_size: int, tgt_vocab_size: int,
                    **kwargs) -> "Transformer":
@@ -233,12 +255,125 @@ def sequence_loss(logits: Tensor, target: Tensor, pad_id: int = 0,
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     keep = target != pad_id
-    real = target[keep]
-    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= logits.shape[-1]):
-        raise ValueError(f"target ids must lie in [0, {logits.shape[-1]}), got values in "
-                         f"[{int(real.min())}, {int(real.max())}]")
+    labels = target.masked_fill(~keep, 0)
+    check_ids_in_range(labels, logits.shape[-1], "target ids")
     logp = F.log_softmax(logits.float(), dim=-1)
-    nll = -logp.gather(-1, target.masked_fill(~keep, 0).unsqueeze(-1)).squeeze(-1)
+    nll = -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     uniform = -logp.mean(dim=-1)
     per_token = (1 - label_smoothing) * nll + label_smoothing * uniform
     return (per_token * keep).sum() / keep.sum().clamp(min=1)
+
+
+# --------------------------------------------------------------------------- decoding steppers
+def attend_with_cache(attn: MultiHeadAttention, x: Tensor, past: tuple[Tensor, Tensor] | None
+                      ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Causal self-attention for ``n`` new positions ``x`` ``(B, n, d_model)`` that also reads the
+    cached keys and values ``past`` ``(B, kv_heads, t, d_head)`` of the ``t`` positions before them.
+
+    Returns the output ``(B, n, d_model)`` and the keys and values of all ``t + n`` positions, the
+    new cache. It uses ``attn``'s own projections, so its rows equal the last ``n`` rows of ``attn``
+    run on the whole sequence with a causal mask. Inference only: no attention dropout.
+    """
+    if attn.rotary is not None:
+        raise ValueError("the KV cache does not support rotary attention (RoPE) yet")
+    q = split_heads(attn.q_proj(x), attn.num_heads)  # (B, heads, n, d_head)
+    k = split_heads(attn.k_proj(x), attn.num_kv_heads)  # (B, kv_heads, n, d_head)
+    v = split_heads(attn.v_proj(x), attn.num_kv_heads)
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+    n, total = x.shape[1], k.shape[2]
+    group = attn.num_heads // attn.num_kv_heads  # grouped-query: each K/V head serves `group`
+    keys, values = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    if n == 1:  # the newest query may read every key: no mask
+        out = F.scaled_dot_product_attention(q, keys, values)
+    else:  # query i (at position total - n + i) reads keys up to its own position
+        mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(diagonal=total - n)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return attn.out_proj(merge_heads(out)), (k, v)
+
+
+class Recompute:
+    """No cache: the whole decoder runs on the whole prefix at every step.
+
+    Generating T tokens costs 1 + 2 + … + T = O(T²) token passes through the decoder's linear
+    layers, and O(T³) in its self-attention (step t compares t queries with t keys); the
+    cross-attention keys and values of the source are recomputed at every step too.
+    """
+
+    def __init__(self, model: Transformer, src: Tensor) -> None:
+        self.model, self.src = model, src
+        self.memory = model.encode(src)  # (B, S, d_model)
+
+    def __call__(self, prefix: Tensor) -> Tensor:
+        mask = causal_mask(prefix.shape[1], device=prefix.device)  # no padding inside a prefix
+        return self.model.decode(prefix, self.memory, self.src, tgt_mask=mask)[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        self.src, self.memory = self.src[index], self.memory[index]
+
+
+class KVCache:
+    """Incremental decoding: each call runs only the positions it has not seen yet.
+
+    Per decoder layer it keeps the self-attention keys and values of every earlier position,
+    ``(B, kv_heads, t, d_head)`` each, and the cross-attention keys and values of the source,
+    ``(B, kv_heads, S, d_head)`` each, computed once. Generating T tokens then costs O(T) token
+    passes through the linear layers and O(T²) in self-attention. :meth:`nbytes` counts both
+    parts: the self-attention part grows by ``2·layers·kv_heads·d_head`` numbers per token and
+    sequence (:func:`tfm_course.attention.kv_cache_bytes`); the cross-attention part is that much
+    per *source* token, from the start.
+    """
+
+    def __init__(self, model: Transformer, src: Tensor) -> None:
+        self.model = model
+        memory = model.encode(src)
+        self.memory_mask = source_mask(src, model.pad_id)  # (B, 1, 1, S)
+        self.cross: list[tuple[Tensor, Tensor]] = []
+        for layer in model.decoder.layers:
+            attn = layer.cross_attn
+            if attn.rotary is not None:
+                raise ValueError("KVCache does not support rotary cross-attention")
+            self.cross.append((split_heads(attn.k_proj(memory), attn.num_kv_heads),
+                               split_heads(attn.v_proj(memory), attn.num_kv_heads)))
+        self.self_kv: list[tuple[Tensor, Tensor] | None] = [None] * len(model.decoder.layers)
+        self.length = 0  # positions processed so far
+
+    def _cross_attention(self, i: int, attn: MultiHeadAttention, x: Tensor) -> Tensor:
+        q = split_heads(attn.q_proj(x), attn.num_heads)
+        group = attn.num_heads // attn.num_kv_heads
+        k, v = (t.repeat_interleave(group, 1) for t in self.cross[i])
+        out = scaled_dot_product_attention(q, k, v, mask=self.memory_mask)  # no NaN on empty rows
+        return attn.out_proj(merge_heads(out))
+
+    def __call__(self, prefix: Tensor) -> Tensor:
+        if prefix.shape[1] <= self.length:
+            raise ValueError(f"KVCache has seen {self.length} positions, so the prefix must have "
+                             f"more than {self.length}; got {tuple(prefix.shape)}")
+        model = self.model
+        x = model.embed(prefix[:, self.length:], model.tgt_embed, offset=self.length)  # (B, n, d)
+        for i, layer in enumerate(model.decoder.layers):
+            if layer.norm_first:
+                attended, self.self_kv[i] = attend_with_cache(layer.self_attn, layer.norm1(x),
+                                                              self.self_kv[i])
+                x = x + attended
+                x = x + self._cross_attention(i, layer.cross_attn, layer.norm2(x))
+                x = x + layer.ffn(layer.norm3(x))
+            else:
+                attended, self.self_kv[i] = attend_with_cache(layer.self_attn, x, self.self_kv[i])
+                x = layer.norm1(x + attended)
+                x = layer.norm2(x + self._cross_attention(i, layer.cross_attn, x))
+                x = layer.norm3(x + layer.ffn(x))
+        if model.decoder.norm is not None:
+            x = model.decoder.norm(x)
+        self.length = prefix.shape[1]
+        return model.out_proj(x[:, -1])
+
+    def reorder(self, index: Tensor) -> None:
+        self.memory_mask = self.memory_mask[index]
+        self.cross = [(k[index], v[index]) for k, v in self.cross]
+        self.self_kv = [None if kv is None else (kv[0][index], kv[1][index]) for kv in self.self_kv]
+
+    def nbytes(self) -> int:
+        """Bytes held by the cache now: self-attention keys/values plus the cross-attention ones."""
+        tensors = [t for kv in self.cross + [kv for kv in self.self_kv if kv is not None] for t in kv]
+        return sum(t.numel() * t.element_size() for t in tensors)
