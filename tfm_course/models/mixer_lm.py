@@ -1,0 +1,149 @@
+"""A small causal language model whose only varying part is the sequence mixer.
+
+    model = MixerLM(vocab_size=256, mixer="mamba")          # attention / performer / retnet / mamba / hybrid
+    logits = model(tokens)                                   # (batch, L) -> (batch, L, vocab_size)
+    logits_t, state = model.step(tokens[:, t], state)        # generation, one token at a time
+    model.state_bytes(context_len)                           # bytes that state holds
+
+Token embedding → ``num_layers`` pre-norm layers ``x + mixer(norm(x))``, ``x + ffn(norm(x))`` →
+RMSNorm → a linear head. Everything but the mixer is the same for every choice, and the
+feed-forward width of each layer is set so that **every layer has about the parameter count of an
+attention layer** (a Mamba block is bigger than attention's four projections, so its FFN is
+narrower). ``"hybrid"`` uses Mamba layers with one attention layer in the middle (index
+``num_layers // 2``), the pattern of Jamba and Zamba. Positions come from the mixers themselves:
+RoPE in attention and the Performer, RetNet's rotation, Mamba's convolution.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..layers import FeedForward, RMSNorm
+from .mixers import MIXER_KINDS, make_mixer, state_bytes
+
+__all__ = ["MixerLM", "MixerLayer", "MIXERS", "layer_kinds", "count_parameters"]
+
+MIXERS = MIXER_KINDS + ("hybrid",)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of trainable numbers in ``module``."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def layer_kinds(mixer: str, num_layers: int) -> list[str]:
+    """The mixer of each layer: ``mixer`` everywhere, or for ``"hybrid"`` Mamba with one attention
+    layer at index ``num_layers // 2``."""
+    if mixer not in MIXERS:
+        raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
+    if num_layers < 1 or (mixer == "hybrid" and num_layers < 2):
+        raise ValueError(f"num_layers must be >= 1 (>= 2 for a hybrid), got {num_layers} for {mixer!r}")
+    if mixer != "hybrid":
+        return [mixer] * num_layers
+    return ["attention" if i == num_layers // 2 else "mamba" for i in range(num_layers)]
+
+
+class MixerLayer(nn.Module):
+    """Pre-norm layer ``(batch, L, d_model) → (batch, L, d_model)``: mixer, then feed-forward."""
+
+    def __init__(self, kind: str, d_model: int, num_heads: int, d_ff: int,
+                 num_features: int | None = None) -> None:
+        super().__init__()
+        self.kind = kind
+        self.norm1, self.norm2 = RMSNorm(d_model), RMSNorm(d_model)
+        self.mixer = make_mixer(kind, d_model, num_heads, num_features)
+        self.ffn = FeedForward(d_model, d_ff, activation="gelu")
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.mixer(self.norm1(x))
+        return x + self.ffn(self.norm2(x))
+
+    def step(self, x_t: Tensor, state: Any = None) -> tuple[Tensor, Any]:
+        """One position ``(batch, d_model)``; ``state`` is the mixer's (None at the start)."""
+        y, state = self.mixer.step(self.norm1(x_t), state)
+        x_t = x_t + y
+        return x_t + self.ffn(self.norm2(x_t)), state
+
+
+def _matched_ffn_width(kind: str, d_model: int, num_heads: int, target: int,
+                       num_features: int | None) -> int:
+    """FFN width that brings a ``kind`` layer closest to ``target`` parameters (at least 8)."""
+    probe = MixerLayer(kind, d_model, num_heads, 1, num_features)
+    fixed = count_parameters(probe) - count_parameters(probe.ffn)
+    per_unit = 2 * d_model + 1  # one hidden unit: a row of W1, its bias, a column of W2
+    return max(8, round((target - fixed - d_model) / per_unit))
+
+
+class MixerLM(nn.Module):
+    """``forward(tokens (batch, L)) -> logits (batch, L, vocab_size)``; see the module docstring.
+
+    Args:
+        vocab_size: tokens are in ``[0, vocab_size)``.
+        mixer: one of :data:`MIXERS`.
+        d_model, num_layers, num_heads: width, depth, heads of attention / Performer / RetNet.
+        d_ff: FFN width of an attention layer (default ``4 · d_model``); other layers get the
+            width that matches an attention layer's parameter count (``match_parameters=True``)
+            or this same width (``False``).
+        num_features: random features per Performer head (default ``2 · d_head``).
+    """
+
+    def __init__(self, vocab_size: int, mixer: str = "attention", d_model: int = 64,
+                 num_layers: int = 2, num_heads: int = 4, d_ff: int | None = None,
+                 num_features: int | None = None, match_parameters: bool = True) -> None:
+        super().__init__()
+        if d_model % num_heads or (d_model // num_heads) % 2:
+            raise ValueError(f"d_model {d_model} must split into {num_heads} heads of even width")
+        self.mixer, self.vocab_size, self.d_model = mixer, vocab_size, d_model
+        kinds = layer_kinds(mixer, num_layers)
+        d_ff = d_ff or 4 * d_model
+        target = count_parameters(MixerLayer("attention", d_model, num_heads, d_ff))
+        widths = {kind: d_ff if kind == "attention" or not match_parameters
+                  else _matched_ffn_width(kind, d_model, num_heads, target, num_features)
+                  for kind in set(kinds)}
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.layers = nn.ModuleList(MixerLayer(kind, d_model, num_heads, widths[kind], num_features)
+                                    for kind in kinds)
+        self.norm = RMSNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        if tokens.dim() != 2 or tokens.is_floating_point():
+            raise ValueError(f"tokens must be integer ids (batch, L), got {tuple(tokens.shape)} "
+                             f"{tokens.dtype}")
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+    def step(self, token: Tensor, state: list[Any] | None = None) -> tuple[Tensor, list[Any]]:
+        """One token per sequence ``(batch,)`` → ``(logits (batch, vocab_size), new state)``.
+
+        ``state`` holds one entry per layer (None at the start). Feeding a sequence token by token
+        gives the logits of :meth:`forward` at each position.
+        """
+        if token.dim() != 1 or token.is_floating_point():
+            raise ValueError(f"token must be integer ids (batch,), got {tuple(token.shape)} {token.dtype}")
+        state = [None] * len(self.layers) if state is None else state
+        x, new_state = self.embed(token), []
+        for layer, layer_state in zip(self.layers, state):
+            x, layer_state = layer.step(x, layer_state)
+            new_state.append(layer_state)
+        return self.head(self.norm(x)), new_state
+
+    @torch.no_grad()
+    def prefill(self, tokens: Tensor) -> tuple[Tensor, list[Any]]:
+        """Run ``tokens`` ``(batch, L)`` through :meth:`step`; return the last logits and the state."""
+        state = None
+        for token in tokens.unbind(1):
+            logits, state = self.step(token, state)
+        return logits, state
+
+    def state_bytes(self, context_len: int, bytes_per_value: int = 4) -> int:
+        """Bytes of generation state per sequence after ``context_len`` tokens (all layers)."""
+        return sum(state_bytes(layer.mixer, context_len, bytes_per_value) for layer in self.layers)
+
+    def num_parameters(self) -> int:
+        return count_parameters(self)
