@@ -1,0 +1,442 @@
+"""T5 (Raffel et al., 2020): an encoder-decoder Transformer that reads and writes text.
+
+    model = T5(T5Config(vocab_size=1000, d_model=128, d_kv=32, d_ff=512, num_layers=2, num_heads=4))
+    logits = model(input_ids, decoder_input_ids, attention_mask)     # (batch, T, vocab_size)
+    tokens = model.generate(input_ids, attention_mask, max_new_tokens=20)
+
+Where it departs from the 2017 Transformer (:mod:`tfm_course.models.transformer`):
+
+* **no position embeddings**: a learned scalar per (relative-distance bucket, head) is added to
+  the attention scores (:class:`~tfm_course.positional.T5RelativeBias`). Only the first block of
+  each stack owns the table; the bias it computes is passed to every other block. The encoder's
+  buckets are bidirectional, the decoder's causal; cross-attention has no position bias;
+* **no 1/√d_kv** in the scores: the query projection's initialisation is √d_kv smaller instead;
+* **RMS-style LayerNorm** (no mean subtraction, no bias; :class:`~tfm_course.layers.RMSNorm`),
+  **pre-norm**, and a final norm after each stack; no bias anywhere;
+* **one embedding matrix** for the encoder input, the decoder input and (T5 v1.0) the output
+  layer, whose input is then scaled by d_model^-1/2; embeddings are *not* scaled by √d_model;
+* a ReLU feed-forward block (v1.0) or a gated-GELU one (``feed_forward="gated-gelu"``, v1.1).
+
+Masks are bool, True = real token / may attend. The decoder starts from ``decoder_start_id``
+(= ``pad_id`` = 0 in T5) and stops at ``eos_id`` (1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import masked_softmax, merge_heads, split_heads
+from ..decoding import greedy_search
+from ..layers import FeedForward, RMSNorm
+from ..positional import T5RelativeBias
+from .t5_hf import hf_state_to_ours, read_hf_folder
+
+__all__ = ["T5Config", "T5Attention", "GatedGELU", "T5Block", "T5Stack", "T5", "T5Stepper",
+           "shift_right", "prefix_lm_mask"]
+
+
+@dataclass
+class T5Config:
+    """Sizes of a T5. The defaults are ``t5-small``'s (except the vocabulary, which is required)."""
+
+    vocab_size: int
+    d_model: int = 512
+    d_kv: int = 64  # width of each head; need not be d_model / num_heads
+    d_ff: int = 2048
+    num_layers: int = 6
+    num_decoder_layers: int | None = None  # default: num_layers
+    num_heads: int = 8
+    num_buckets: int = 32
+    max_distance: int = 128
+    dropout: float = 0.1
+    layer_norm_eps: float = 1e-6
+    feed_forward: str = "relu"  # or "gated-gelu" (T5 v1.1)
+    tie_embeddings: bool = True  # output layer = the shared embedding (v1.0)
+    rescale_output: bool | None = None  # multiply by d_model^-0.5 before it; default: tie_embeddings
+    pad_id: int = 0
+    eos_id: int = 1
+    decoder_start_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_decoder_layers is None:
+            self.num_decoder_layers = self.num_layers
+        if self.rescale_output is None:
+            self.rescale_output = self.tie_embeddings
+        for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_heads", "num_buckets", "max_distance"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("num_layers", "num_decoder_layers"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.feed_forward not in ("relu", "gated-gelu"):
+            raise ValueError(f"feed_forward must be 'relu' or 'gated-gelu', got {self.feed_forward!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        for name in ("pad_id", "eos_id", "decoder_start_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ValueError(f"{name} must be in [0, {self.vocab_size}), got {getattr(self, name)}")
+
+    @classmethod
+    def from_hf(cls, hf: object) -> "T5Config":
+        """From a Hugging Face ``T5Config`` or its ``config.json`` dict."""
+        def get(key: str, default: object = None) -> object:
+            value = hf.get(key) if isinstance(hf, dict) else getattr(hf, key, None)
+            value = value[0] if isinstance(value, (list, tuple)) else value  # eos_token_id may be a list
+            return default if value is None else value
+
+        tie = get("tie_word_embeddings", True)
+        return cls(vocab_size=get("vocab_size"), d_model=get("d_model"), d_kv=get("d_kv"),
+                   d_ff=get("d_ff"), num_layers=get("num_layers"),
+                   num_decoder_layers=get("num_decoder_layers"), num_heads=get("num_heads"),
+                   num_buckets=get("relative_attention_num_buckets", 32),
+                   max_distance=get("relative_attention_max_distance", 128),
+                   dropout=get("dropout_rate", 0.1), layer_norm_eps=get("layer_norm_epsilon", 1e-6),
+                   feed_forward=get("feed_forward_proj", "relu"), tie_embeddings=tie,
+                   rescale_output=get("scale_decoder_outputs", tie), pad_id=get("pad_token_id", 0),
+                   eos_id=get("eos_token_id", 1),
+                   decoder_start_id=get("decoder_start_token_id", get("pad_token_id", 0)))
+
+
+# --------------------------------------------------------------------------- blocks
+class T5Attention(nn.Module):
+    """Multi-head attention *without* the 1/√d scaling: softmax(q kᵀ + bias) v.
+
+    ``forward(x, k, v, mask=None, position_bias=None)``: queries from ``x`` ``(B, n_q, d_model)``;
+    keys and values ``(B, heads, n_k, d_kv)`` from :meth:`keys_values` (kept apart so that a
+    KV cache can store them); ``mask`` bool broadcastable to ``(B, heads, n_q, n_k)``;
+    ``position_bias`` float ``(1, heads, n_q, n_k)``. Returns ``(B, n_q, d_model)``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_kv: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads, self.d_kv, self.dropout = num_heads, d_kv, dropout
+        inner = num_heads * d_kv
+        self.q = nn.Linear(d_model, inner, bias=False)
+        self.k = nn.Linear(d_model, inner, bias=False)
+        self.v = nn.Linear(d_model, inner, bias=False)
+        self.o = nn.Linear(inner, d_model, bias=False)
+
+    def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(B, n, d_model) -> k, v`` each ``(B, heads, n, d_kv)``."""
+        return split_heads(self.k(x), self.num_heads), split_heads(self.v(x), self.num_heads)
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                position_bias: Tensor | None = None) -> Tensor:
+        q = split_heads(self.q(x), self.num_heads)  # (B, h, n_q, d_kv)
+        scores = q @ k.transpose(-2, -1)  # (B, h, n_q, n_k) — no division by √d_kv
+        if position_bias is not None:
+            scores = scores + position_bias
+        weights = masked_softmax(scores, mask)
+        weights = F.dropout(weights, self.dropout, self.training)
+        return self.o(merge_heads(weights.to(v.dtype) @ v))
+
+
+class GatedGELU(FeedForward):
+    """T5 v1.1's block: W2 · (GELU(W1 x) ⊙ W3 x), GELU with the tanh approximation, no biases.
+
+    Same layout as the package's SwiGLU (``linear1`` = W1 through the activation, ``gate`` = W3
+    the linear branch; Hugging Face's ``wi_0``, ``wi_1``), with GELU in place of SiLU.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__(d_model, d_ff, activation="swiglu", dropout=dropout, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = F.gelu(self.linear1(x), approximate="tanh") * self.gate(x)
+        return self.linear2(self.dropout(hidden))
+
+
+class _LayerCache:
+    """What one decoder block keeps while generating: self-attention and cross-attention K/V."""
+
+    def __init__(self) -> None:
+        self.self_kv: tuple[Tensor, Tensor] | None = None  # grows by the new tokens each step
+        self.cross_kv: tuple[Tensor, Tensor] | None = None  # computed once from the memory
+
+    def reorder(self, index: Tensor) -> None:
+        if self.self_kv is not None:
+            self.self_kv = (self.self_kv[0][index], self.self_kv[1][index])
+        if self.cross_kv is not None:
+            self.cross_kv = (self.cross_kv[0][index], self.cross_kv[1][index])
+
+
+class T5Block(nn.Module):
+    """Pre-norm block: ``x + self_attn(norm(x))``, [``+ cross_attn(norm(x), memory)``], ``+ ffn(norm(x))``.
+
+    ``forward(x, mask, position_bias, memory=None, memory_mask=None, cache=None)``; the first
+    block of a stack also owns ``relative_bias``, which the stack evaluates once for all blocks.
+    """
+
+    def __init__(self, config: T5Config, is_decoder: bool, owns_bias: bool) -> None:
+        super().__init__()
+        c = config
+        self.is_decoder = is_decoder
+        self.relative_bias = (T5RelativeBias(c.num_heads, c.num_buckets, c.max_distance,
+                                             bidirectional=not is_decoder) if owns_bias else None)
+        self.norm_self = RMSNorm(c.d_model, eps=c.layer_norm_eps)
+        self.self_attn = T5Attention(c.d_model, c.num_heads, c.d_kv, c.dropout)
+        if is_decoder:
+            self.norm_cross = RMSNorm(c.d_model, eps=c.layer_norm_eps)
+            self.cross_attn = T5Attention(c.d_model, c.num_heads, c.d_kv, c.dropout)
+        self.norm_ffn = RMSNorm(c.d_model, eps=c.layer_norm_eps)
+        self.ffn = (GatedGELU(c.d_model, c.d_ff, c.dropout) if c.feed_forward == "gated-gelu"
+                    else FeedForward(c.d_model, c.d_ff, "relu", c.dropout, bias=False))
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None, position_bias: Tensor,
+                memory: Tensor | None = None, memory_mask: Tensor | None = None,
+                cache: _LayerCache | None = None) -> Tensor:
+        h = self.norm_self(x)
+        k, v = self.self_attn.keys_values(h)
+        if cache is not None:
+            if cache.self_kv is not None:
+                k, v = torch.cat([cache.self_kv[0], k], dim=2), torch.cat([cache.self_kv[1], v], dim=2)
+            cache.self_kv = (k, v)
+        x = x + self.dropout(self.self_attn(h, k, v, mask, position_bias))
+        if self.is_decoder:
+            if cache is not None and cache.cross_kv is not None:
+                k, v = cache.cross_kv
+            else:
+                k, v = self.cross_attn.keys_values(memory)
+                if cache is not None:
+                    cache.cross_kv = (k, v)
+            x = x + self.dropout(self.cross_attn(self.norm_cross(x), k, v, memory_mask))
+        return x + self.dropout(self.ffn(self.norm_ffn(x)))
+
+
+class T5Stack(nn.Module):
+    """Blocks, a final RMS norm, dropout at both ends: ``(B, n, d_model) -> (B, n, d_model)``."""
+
+    def __init__(self, config: T5Config, is_decoder: bool) -> None:
+        super().__init__()
+        n = config.num_decoder_layers if is_decoder else config.num_layers
+        self.blocks = nn.ModuleList(T5Block(config, is_decoder, owns_bias=i == 0) for i in range(n))
+        self.final_norm = RMSNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None, memory: Tensor | None = None,
+                memory_mask: Tensor | None = None, caches: list[_LayerCache] | None = None,
+                past: int = 0) -> Tensor:
+        """``past`` positions are already cached: the ``n`` new queries sit at ``past .. past+n-1``."""
+        bias = self.blocks[0].relative_bias(x.shape[1], past + x.shape[1])  # (1, h, n, past+n), shared
+        x = self.dropout(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, bias, memory, memory_mask, None if caches is None else caches[i])
+        return self.dropout(self.final_norm(x))
+
+
+def _check_ids(ids: Tensor, name: str) -> None:
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be integer token ids (batch, seq), got "
+                         f"{getattr(ids, 'shape', type(ids))} {getattr(ids, 'dtype', '')}")
+
+
+def shift_right(labels: Tensor, start_id: int = 0) -> Tensor:
+    """Teacher forcing: decoder input = ``[start, labels[:-1]]`` per row, ``(B, T) -> (B, T)``."""
+    _check_ids(labels, "labels")
+    start = torch.full_like(labels[:, :1], start_id)
+    return torch.cat([start, labels[:, :-1]], dim=1)
+
+
+def prefix_lm_mask(seq_len: int, prefix_len: int, device: torch.device | str | None = None) -> Tensor:
+    """The T5 paper's third attention pattern, ``(seq_len, seq_len)`` bool, True = may attend.
+
+    Query i may read key j if j <= i (causal) **or** j < prefix_len (the prefix is fully visible):
+    a single decoder reads its input bidirectionally and writes its output left to right.
+    ``prefix_len = 0`` is the causal mask, ``prefix_len = seq_len`` the fully visible one.
+    """
+    if not 0 <= prefix_len <= seq_len:
+        raise ValueError(f"need 0 <= prefix_len <= seq_len, got prefix_len={prefix_len}, seq_len={seq_len}")
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+    causal[:, :prefix_len] = True
+    return causal
+
+
+def _causal(n_q: int, n_k: int, device: torch.device) -> Tensor:
+    """``(n_q, n_k)`` bool: the queries are the last ``n_q`` of ``n_k`` positions."""
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
+
+
+# --------------------------------------------------------------------------- the model
+class T5(nn.Module):
+    """Shared embedding, encoder stack, decoder stack, output layer (tied by default)."""
+
+    def __init__(self, config: T5Config) -> None:
+        super().__init__()
+        self.config, self.pad_id = config, config.pad_id
+        self.shared = nn.Embedding(config.vocab_size, config.d_model)
+        self.encoder = T5Stack(config, is_decoder=False)
+        self.decoder = T5Stack(config, is_decoder=True)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.reset_parameters()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.shared.weight
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Mesh TensorFlow's initialisation, as in T5: normal with these standard deviations.
+
+        Embedding 1; q (d_model·d_kv)^-1/2 (the missing 1/√d_kv of the scores lives here);
+        k, v d_model^-1/2; o (heads·d_kv)^-1/2; FFN in d_model^-1/2, out d_ff^-1/2; relative bias
+        d_model^-1/2; an untied output layer d_model^-1/2; norms 1.
+        """
+        c = self.config
+        nn.init.normal_(self.shared.weight, std=1.0)
+        nn.init.normal_(self.lm_head.weight, std=c.d_model ** -0.5)
+        for m in self.modules():
+            if isinstance(m, T5Attention):
+                nn.init.normal_(m.q.weight, std=(c.d_model * c.d_kv) ** -0.5)
+                nn.init.normal_(m.k.weight, std=c.d_model ** -0.5)
+                nn.init.normal_(m.v.weight, std=c.d_model ** -0.5)
+                nn.init.normal_(m.o.weight, std=(c.num_heads * c.d_kv) ** -0.5)
+            elif isinstance(m, FeedForward):
+                for w in (m.linear1, m.gate):
+                    if w is not None:
+                        nn.init.normal_(w.weight, std=c.d_model ** -0.5)
+                nn.init.normal_(m.linear2.weight, std=c.d_ff ** -0.5)
+            elif isinstance(m, T5RelativeBias):
+                nn.init.normal_(m.embedding.weight, std=c.d_model ** -0.5)
+            elif isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+
+    @staticmethod
+    def _source_mask(shape: torch.Size, device: torch.device, attention_mask: Tensor | None) -> Tensor:
+        """The bool ``(batch, src_len)`` source mask, all True by default, checked."""
+        if attention_mask is None:
+            return torch.ones(shape, dtype=torch.bool, device=device)
+        if not isinstance(attention_mask, Tensor) or attention_mask.dtype != torch.bool \
+                or attention_mask.shape != shape:
+            raise ValueError(f"attention_mask must be bool (batch, src_len) = {tuple(shape)}, True on "
+                             f"real tokens; got {getattr(attention_mask, 'shape', type(attention_mask))} "
+                             f"{getattr(attention_mask, 'dtype', '')}")
+        return attention_mask
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """``(B, S)`` ids -> memory ``(B, S, d_model)``; padded keys (mask False) are never read."""
+        _check_ids(input_ids, "input_ids")
+        mask = self._source_mask(input_ids.shape, input_ids.device, attention_mask)
+        return self.encoder(self.shared(input_ids), mask[:, None, None, :])
+
+    def decode(self, decoder_input_ids: Tensor, memory: Tensor, attention_mask: Tensor | None = None,
+               caches: list[_LayerCache] | None = None, past: int = 0) -> Tensor:
+        """Decoder ids ``(B, T)`` -> logits ``(B, T, vocab)``; ``attention_mask`` is the source's.
+
+        With ``caches`` (one per decoder block), ``decoder_input_ids`` are the tokens after the
+        ``past`` ones already cached.
+        """
+        _check_ids(decoder_input_ids, "decoder_input_ids")
+        if memory.dim() != 3 or memory.shape[0] != decoder_input_ids.shape[0]:
+            raise ValueError(f"memory must be (batch={decoder_input_ids.shape[0]}, src_len, d_model), "
+                             f"got {tuple(memory.shape)}")
+        mask = self._source_mask(memory.shape[:2], memory.device, attention_mask)
+        n = decoder_input_ids.shape[1]
+        causal = _causal(n, past + n, decoder_input_ids.device)
+        x = self.decoder(self.shared(decoder_input_ids), causal, memory, mask[:, None, None, :],
+                         caches, past)
+        if self.config.rescale_output:
+            x = x * self.config.d_model ** -0.5
+        return self.lm_head(x)
+
+    def forward(self, input_ids: Tensor, decoder_input_ids: Tensor,
+                attention_mask: Tensor | None = None) -> Tensor:
+        """Teacher forcing: logits ``(B, T, vocab)``. ``attention_mask`` bool ``(B, S)``, True on real tokens."""
+        _check_ids(input_ids, "input_ids")
+        _check_ids(decoder_input_ids, "decoder_input_ids")
+        if input_ids.shape[0] != decoder_input_ids.shape[0]:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} and decoder_input_ids "
+                             f"{tuple(decoder_input_ids.shape)} must share the batch")
+        return self.decode(decoder_input_ids, self.encode(input_ids, attention_mask), attention_mask)
+
+    # ----------------------------------------------------------------------- generation
+    def stepper(self, src: Tensor, use_cache: bool = True,
+                attention_mask: Tensor | None = None) -> "T5Stepper":
+        """A stepper for :mod:`tfm_course.decoding`; the mask defaults to ``src != pad_id``."""
+        return T5Stepper(self, src, use_cache, attention_mask)
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                 max_new_tokens: int = 20, use_cache: bool = True) -> Tensor:
+        """Greedy decoding ``(B, L <= max_new_tokens)``: no start token, ``eos_id`` kept, ``pad_id`` after it."""
+        was_training = self.training
+        self.eval()
+        try:
+            stepper = self.stepper(input_ids, use_cache, attention_mask)
+            return greedy_search(stepper, input_ids.shape[0], self.config.decoder_start_id,
+                                 self.config.eos_id, max_new_tokens, self.pad_id, input_ids.device)
+        finally:
+            self.train(was_training)
+
+    # ----------------------------------------------------------------------- Hugging Face
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module) -> "T5":
+        """A copy of a Hugging Face ``T5ForConditionalGeneration`` (same logits in fp32)."""
+        config = T5Config.from_hf(hf_model.config)
+        state = hf_model.state_dict()
+        if hf_model.lm_head.weight.data_ptr() == hf_model.shared.weight.data_ptr():
+            state.pop("lm_head.weight", None)  # tied
+        return cls._from_hf_state(config, state).to(hf_model.shared.weight.device)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, sha256: str | None = None) -> "T5":
+        """Load a ``save_pretrained`` folder (``config.json`` + ``model.safetensors`` or
+        ``pytorch_model.bin``) without importing ``transformers``; ``sha256`` pins the weights file."""
+        config_dict, state = read_hf_folder(folder, sha256)
+        if "lm_head.weight" in state and torch.equal(state["lm_head.weight"], state["shared.weight"]):
+            state.pop("lm_head.weight")  # tied, saved twice
+        return cls._from_hf_state(T5Config.from_hf(config_dict), state)
+
+    @classmethod
+    def _from_hf_state(cls, config: T5Config, state: dict[str, Tensor]) -> "T5":
+        """Our model from Hugging Face's state dict: untied iff it has its own ``lm_head.weight``."""
+        config.tie_embeddings = "lm_head.weight" not in state
+        model = cls(config)
+        missing, unexpected = model.load_state_dict(hf_state_to_ours(state), strict=False)
+        missing = [k for k in missing if not (config.tie_embeddings and k == "lm_head.weight")]
+        if missing or unexpected:
+            raise ValueError(f"Hugging Face T5 weights do not fit: missing {missing}, unexpected {unexpected}")
+        return model
+
+
+class T5Stepper:
+    """The :mod:`tfm_course.decoding` stepper of a :class:`T5`: ``stepper(prefix (N, t)) -> (N, vocab)``.
+
+    The source is encoded once. Without a cache, each call runs the decoder on the whole prefix.
+    With one, each call runs only the tokens not seen yet: every decoder block appends their
+    self-attention keys and values to its cache, and computes its cross-attention keys and
+    values from the memory once, on the first call. ``reorder(index)`` picks (or repeats) rows.
+    """
+
+    def __init__(self, model: T5, src: Tensor, use_cache: bool = True,
+                 attention_mask: Tensor | None = None) -> None:
+        _check_ids(src, "src")
+        if attention_mask is None:
+            attention_mask = src != model.pad_id
+        self.model, self.use_cache = model, use_cache
+        self.mask = model._source_mask(src.shape, src.device, attention_mask)
+        self.memory = model.encode(src, self.mask)  # (N, S, d_model)
+        self.caches = [_LayerCache() for _ in model.decoder.blocks] if use_cache else None
+        self.seen = 0
+
+    def __call__(self, prefix: Tensor) -> Tensor:
+        _check_ids(prefix, "prefix")
+        if prefix.shape[0] != self.memory.shape[0]:
+            raise ValueError(f"prefix has {prefix.shape[0]} rows, the source {self.memory.shape[0]}")
+        if not self.use_cache:
+            return self.model.decode(prefix, self.memory, self.mask)[:, -1]
+        if prefix.shape[1] <= self.seen:
+            raise ValueError(f"the cache holds {self.seen} positions: the prefix must be longer, "
+                             f"got {tuple(prefix.shape)}")
+        logits = self.model.decode(prefix[:, self.seen:], self.memory, self.mask, self.caches, self.seen)
+        self.seen = prefix.shape[1]
+        return logits[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        self.memory, self.mask = self.memory[index], self.mask[index]
+        for cache in self.caches or []:
+            cache.reorder(index)
