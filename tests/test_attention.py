@@ -165,6 +165,111 @@ def test_an_entirely_masked_batch_element_gives_zeros():
         torch.testing.assert_close(out[0], scaled_dot_product_attention(q[0], k[0], v[0]))
 
 
+# --------------------------------------------------------------------------- is_causal
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_is_causal_equals_the_causal_mask(attention):
+    q, k, v = qkv(2, 3, n_q=6, n_k=6)
+    torch.testing.assert_close(attention(q, k, v, is_causal=True), attention(q, k, v, causal_mask(6)))
+    torch.testing.assert_close(attention(q, k, v, is_causal=True),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_is_causal_combines_with_a_padding_mask_and_a_bias(attention):
+    q, k, v = qkv(2, 3, n_q=6, n_k=6)
+    keep = padding_mask(torch.tensor([6, 3]), 6)[:, None, None, :]
+    bias = torch.randn(3, 6, 6, generator=torch.Generator().manual_seed(7))
+    both = keep & causal_mask(6)
+    torch.testing.assert_close(attention(q, k, v, keep, is_causal=True), attention(q, k, v, both))
+    torch.testing.assert_close(attention(q, k, v, keep, bias=bias, is_causal=True),
+                               scaled_dot_product_attention(q, k, v, both, bias=bias))
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_is_causal_with_fewer_queries_puts_them_at_the_last_positions(attention):
+    """As with a KV cache: 2 new queries after 5 cached keys sit at positions 5 and 6 of 7."""
+    q, k, v = qkv(2, n_q=2, n_k=7)
+    full_q = torch.cat([torch.randn(2, 5, 8), q], dim=1)
+    expected = scaled_dot_product_attention(full_q, k, v, causal_mask(7))[:, 5:]
+    torch.testing.assert_close(attention(q, k, v, is_causal=True), expected)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_is_causal_with_more_queries_than_keys_gives_zero_rows(attention):
+    q, k, v = qkv(n_q=5, n_k=3)  # queries at positions -2..2: the first two see no key
+    out = attention(q, k, v, is_causal=True)
+    assert (out[:2] == 0).all() and not torch.isnan(out).any()
+    torch.testing.assert_close(out[2:], scaled_dot_product_attention(q[2:], k, v, causal_mask(3)))
+
+
+def test_fused_is_causal_hands_the_kernel_no_mask(monkeypatch):
+    """Only a kernel told is_causal=True, with no attn_mask, may be FlashAttention on CUDA."""
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    q, k, v = qkv(2, 3, n_q=6, n_k=6)
+    fused_attention(q, k, v, is_causal=True)
+    assert calls[-1].get("is_causal") is True and calls[-1].get("attn_mask") is None
+    fused_attention(q, k, v, causal_mask(6))  # a materialised mask goes to the kernel as it is
+    assert calls[-1].get("attn_mask") is not None and not calls[-1].get("is_causal", False)
+
+
+def test_fused_attention_never_reads_a_tensor_on_the_host(monkeypatch):
+    """No bool(row_ok.all()) or .item(): on a GPU each would make the CPU wait at every call."""
+    q, k, v = qkv(2, 3)
+    mask = random_mask(2, 1, 5, 7, empty_rows=(1, 3))
+    reads = []
+    for name in ("__bool__", "item", "tolist", "__int__", "__float__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _real=real, _name=name: reads.append(_name) or _real(self, *a))
+    out = fused_attention(q, k, v, mask)
+    fused_attention(q, k, v, mask, is_causal=True, bias=torch.zeros(5, 7))
+    assert reads == [], reads
+    monkeypatch.undo()
+    assert (out[:, :, [1, 3]] == 0).all()
+
+
+# --------------------------------------------------------------------------- precision
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_fp16_scores_whose_unscaled_product_overflows_stay_finite(attention):
+    """q · k = 102400 > fp16's 65504 for the matching key, but q · k / √d = 6400 fits: scaling q
+    before the product keeps it finite; dividing afterwards gave inf, and the softmax NaN."""
+    d, n = 256, 6
+    g = torch.Generator().manual_seed(0)
+    signs = torch.randint(0, 2, (n, d), generator=g) * 2.0 - 1.0  # (n, d) of ±1
+    q = 20 * signs  # query i matches key perm[i] exactly: score 20·20·256 = 102400
+    perm = torch.randperm(n, generator=g)
+    k = torch.empty(n, d)
+    k[perm] = 20 * signs
+    v = torch.randn(n, 4, generator=g)
+    q16, k16, v16 = q.half(), k.half(), v.half()
+    assert torch.isinf(q16 @ k16.T).any(), "the unscaled product must overflow for this test"
+    out = attention(q16, k16, v16)
+    assert torch.isfinite(out).all()
+    # every other key scores at most 6400 - 2·20²·(number of differing signs)/16: weights one-hot
+    torch.testing.assert_close(out.float(), v16.float()[perm], atol=1e-3, rtol=1e-3)
+    reference = scaled_dot_product_attention(q16.double(), k16.double(), v16.double())
+    torch.testing.assert_close(out.double(), reference, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_masked_keys_get_fp32s_minimum_not_the_input_dtypes(dtype):
+    """The scores are fp32 once the bias is added, so the fill must be fp32's minimum: a score of
+    -1e5 (below fp16's most negative number, -65504) must still beat a masked key."""
+    q, k, v = qkv(2, dtype=dtype)
+    mask = random_mask(2, 5, 7)
+    bias = torch.full((5, 7), -1e5)  # fp32
+    out, weights = scaled_dot_product_attention(q, k, v, mask, bias=bias, return_weights=True)
+    assert (weights[~mask.expand_as(weights)] == 0).all()
+    torch.testing.assert_close(weights.float().sum(-1), torch.ones(2, 5), atol=1e-2, rtol=0)
+    # a constant bias does not change a softmax: the same as without it, up to the rounding of
+    # scores near -1e5 in fp32 (steps of 2^-7)
+    _, unbiased = scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+    torch.testing.assert_close(weights.float(), unbiased.float(), atol=2e-2, rtol=0)
+
+
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_mismatched_d_k_names_both_shapes(attention):

@@ -65,6 +65,27 @@ def test_causal_mask_hides_the_future():
     assert not torch.allclose(a[:, 3:], b[:, 3:])
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_tgt_is_causal_equals_the_causal_mask(norm_first):
+    torch.manual_seed(0)
+    layer = DecoderLayer(D, HEADS, FF, dropout=0.0, norm_first=norm_first).eval()
+    x, memory, src_keep = _inputs()
+    causal = causal_mask(x.shape[1])
+    tgt_keep = (torch.arange(x.shape[1]) < torch.tensor([5, 4, 2])[:, None])[:, None, None, :]
+    memory_mask = src_keep[:, None, None, :]
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, memory, memory_mask=memory_mask, tgt_is_causal=True),
+                                   layer(x, memory, tgt_mask=causal, memory_mask=memory_mask))
+        torch.testing.assert_close(
+            layer(x, memory, tgt_mask=tgt_keep, memory_mask=memory_mask, tgt_is_causal=True),
+            layer(x, memory, tgt_mask=tgt_keep & causal, memory_mask=memory_mask))
+        # right padding: the causal mask alone gives the real positions the same outputs
+        real = tgt_keep[:, 0, 0, :, None]
+        alone = layer(x, memory, memory_mask=memory_mask, tgt_is_causal=True)
+        both = layer(x, memory, tgt_mask=tgt_keep & causal, memory_mask=memory_mask)
+        torch.testing.assert_close(alone * real, both * real)
+
+
 def test_memory_padding_is_ignored():
     torch.manual_seed(0)
     layer = DecoderLayer(D, HEADS, FF, dropout=0.0).eval()

@@ -192,6 +192,22 @@ def test_encoder_layer_matches_pytorch(norm_first, activation, batch_first):
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_is_causal_matches_pytorch_with_a_causal_mask(norm_first):
+    """A causal encoder layer (a decoder-only block): is_causal=True, alone or with padding."""
+    theirs = _torch_layer(norm_first, "gelu")
+    ours = EncoderLayer.from_torch(theirs).eval()
+    x, keep = _batch()
+    blocked = torch.ones(7, 7, dtype=torch.bool).triu(1)  # PyTorch: True = blocked
+    with torch.no_grad():
+        want = theirs(x, src_mask=blocked, is_causal=True)
+        torch.testing.assert_close(ours(x, is_causal=True), want, atol=1e-5, rtol=1e-5)
+        want = theirs(x, src_mask=blocked, src_key_padding_mask=~keep)
+        got = ours(x, mask=keep[:, None, None, :], is_causal=True)
+        real = keep[..., None]  # PyTorch's fast path may leave padded rows undefined
+        torch.testing.assert_close(got * real, want * real, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
 def test_encoder_layer_matches_pytorch_in_training_mode_without_dropout(norm_first):
     """Training mode takes PyTorch's ordinary (non fast-path) route; gradients must agree too."""
     theirs = _torch_layer(norm_first, "gelu").train()

@@ -251,6 +251,21 @@ def test_training_step_matches_pytorch_gradients():
     torch.testing.assert_close(ours.out_proj.weight.grad, ref.out_proj.weight.grad, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_is_causal_equals_passing_the_causal_mask(fused):
+    ref, ours = torch_pair()
+    ours.fused = fused
+    x = torch.randn(3, 7, 16)
+    want = ref(x, x, x, attn_mask=~causal_mask(7), need_weights=False)[0]
+    torch.testing.assert_close(ours(x, is_causal=True), want, atol=1e-5, rtol=1e-5)
+    keep = padding_mask(torch.tensor([7, 4, 2]))  # causal and key padding together
+    want = ref(x, x, x, attn_mask=~causal_mask(7), key_padding_mask=~keep, need_weights=False)[0]
+    got = ours(x, mask=keep[:, None, None, :], is_causal=True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    out, weights = ours(x, is_causal=True, need_weights=True)
+    assert (weights[..., ~causal_mask(7)] == 0).all()
+
+
 # --------------------------------------------------------------------------- KV-cache arithmetic
 def test_kv_cache_bytes():
     # derived from the formula 2 (K and V) * layers * kv heads * d_head * bytes

@@ -97,7 +97,11 @@ def _check_bias(bias: Tensor, score_shape: tuple[int, ...] | torch.Size) -> None
 
 # --------------------------------------------------------------------------- masks
 def causal_mask(n: int, device: torch.device | str | None = None) -> Tensor:
-    """Boolean ``(n, n)``: True on and below the diagonal (query i may attend keys 0..i)."""
+    """Boolean ``(n, n)``: True on and below the diagonal (query i may attend keys 0..i).
+
+    To *apply* it, prefer ``is_causal=True`` (:func:`fused_attention`, :class:`MultiHeadAttention`):
+    on CUDA a materialised mask keeps PyTorch from choosing the FlashAttention kernel.
+    """
     if n < 0:
         raise ValueError(f"n must be non-negative, got {n}")
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
@@ -106,16 +110,23 @@ def causal_mask(n: int, device: torch.device | str | None = None) -> Tensor:
 def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
     """Boolean ``(batch, max_len)``: True for real tokens, False for padding.
 
-    ``lengths`` is ``(batch,)``. Use ``m[:, None, None, :]`` as a *key*-padding mask for
-    ``(batch, heads, n_q, n_k)`` scores, or ``m[:, None, :]`` for ``(batch, n_q, n_k)``.
+    ``lengths`` is ``(batch,)``; the mask is made on its device. Use ``m[:, None, None, :]`` as a
+    *key*-padding mask for ``(batch, heads, n_q, n_k)`` scores, or ``m[:, None, :]`` for
+    ``(batch, n_q, n_k)``.
+
+    Without ``max_len`` the longest length must be read, which on a GPU makes the CPU wait for it:
+    in a training loop pass ``max_len``. Lengths above ``max_len`` raise a ``ValueError`` when they
+    are on the CPU; on a GPU the check would cost that same wait, so it is skipped there (such a
+    row is simply all True).
     """
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1:
         raise ValueError(f"lengths must be 1-D (batch,), got shape {tuple(lengths.shape)}")
-    longest = int(lengths.max()) if lengths.numel() else 0
-    max_len = longest if max_len is None else max_len
-    if longest > max_len:
-        raise ValueError(f"a length {longest} exceeds max_len {max_len}")
+    if max_len is None or lengths.device.type == "cpu":
+        longest = int(lengths.max()) if lengths.numel() else 0
+        max_len = longest if max_len is None else max_len
+        if longest > max_len:
+            raise ValueError(f"a length {longest} exceeds max_len {max_len}")
     return torch.arange(max_len, device=lengths.device) < lengths[:, None]
 
 
@@ -124,9 +135,11 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
     """Softmax over the last axis (the keys) that gives masked keys zero weight.
 
     ``scores`` ``(..., n_q, n_k)``; boolean ``mask`` broadcastable to it, True = may attend.
-    Computed in fp32 whatever the input dtype and returned in ``scores.dtype``. Masked scores are
-    filled with the most negative finite fp32 number (not ``-inf``, which makes an all-masked row
-    0/0 = NaN), and a row with no allowed key gets all-zero weights instead of uniform ones.
+    The scores are converted to fp32 first, whatever their dtype, and the weights are returned in
+    ``scores.dtype``. Masked scores are filled with the most negative finite **fp32** number,
+    ``torch.finfo(torch.float32).min`` ≈ -3.4e38 (not ``-inf``, which makes an all-masked row
+    0/0 = NaN; and not fp16's -65504, which an fp32 bias can undercut), and a row with no allowed
+    key gets all-zero weights instead of uniform ones.
     """
     weights_dtype = scores.dtype
     scores = scores.float()
@@ -139,6 +152,18 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
     return weights.to(weights_dtype)
 
 
+def _causal(n_q: int, n_k: int, device: torch.device | str | None) -> Tensor:
+    """Boolean ``(n_q, n_k)``: query ``i`` sits at position ``n_k - n_q + i`` (the queries are the
+    last ``n_q`` positions, as with a KV cache) and may attend keys up to it. ``n_q == n_k``:
+    :func:`causal_mask`."""
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+
+
+def _with_causal(mask: Tensor | None, n_q: int, n_k: int, device: torch.device) -> Tensor:
+    causal = _causal(n_q, n_k, device)
+    return causal if mask is None else mask & causal
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -147,24 +172,33 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     dropout_p: float = 0.0,
     bias: Tensor | None = None,
+    is_causal: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """softmax(q kᵀ / √d_k + bias) v, written out so every step can be inspected.
 
     Shapes: q ``(..., n_q, d_k)``, k ``(..., n_k, d_k)``, v ``(..., n_k, d_v)``, optional boolean
     ``mask`` broadcastable to ``(..., n_q, n_k)`` with True = may attend, optional float ``bias``
     broadcastable to the same shape, added to the scaled scores (ALiBi, T5 relative bias).
+    ``is_causal=True`` also applies the causal mask (combined with ``mask`` if one is given).
     Returns the output ``(..., n_q, d_v)``, or ``(output, weights)`` with weights ``(..., n_q, n_k)``.
 
-    The softmax runs in fp32 whatever the input dtype; masked scores are filled with the most
-    negative finite number of that dtype (not ``-inf``), and rows with no allowed key get zero
-    weights, so a fully masked row yields zeros instead of NaN.
+    Precision: q is scaled by 1/√d_k *before* the product, in the input dtype (as PyTorch's own
+    maths backend does): in fp16, ``q @ kᵀ`` can exceed 65504 and become inf even where the
+    scaled scores fit. The scores are then converted to fp32 and the softmax runs in fp32 whatever
+    the input dtype; masked scores are filled with fp32's most negative finite number (not
+    ``-inf``), and rows with no allowed key get zero weights, so a fully masked row yields zeros
+    instead of NaN (see :func:`masked_softmax`).
     """
     _check_qkv(q, k, v)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., n_q, n_k)
+    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (..., n_q, n_k)
     scores = scores.float()
     if bias is not None:
         _check_bias(bias, scores.shape)
         scores = scores + bias.float()
+    if is_causal:
+        if mask is not None:
+            check_mask(mask, scores.shape)
+        mask = _with_causal(mask, q.shape[-2], k.shape[-2], q.device)
     weights = masked_softmax(scores, mask)  # fp32, (..., n_q, n_k)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
@@ -179,28 +213,41 @@ def fused_attention(
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
     bias: Tensor | None = None,
+    is_causal: bool = False,
 ) -> Tensor:
     """The same maths through PyTorch's fused kernel ``F.scaled_dot_product_attention``.
 
     Faster and lighter (the ``(n_q, n_k)`` weights are never stored), but it cannot return the
-    weights. Fully masked rows are given one dummy key and then zeroed, to match
-    :func:`scaled_dot_product_attention` instead of returning NaN.
+    weights. Say ``is_causal=True`` rather than passing :func:`causal_mask`: with no other mask
+    or bias the kernel is then told ``is_causal=True`` and never reads a mask, which on CUDA lets
+    PyTorch pick FlashAttention (a materialised boolean mask rules it out). With a ``mask`` or
+    ``bias`` as well, the causal mask is combined with them.
+
+    Fully masked rows are given every key (so the kernel never computes 0/0) and their output is
+    then zeroed, to match :func:`scaled_dot_product_attention` instead of returning NaN. Both
+    steps run unconditionally: asking whether any row is empty would make the CPU wait for the
+    GPU. The ``bias`` is cast to the input dtype (the kernel takes its float mask in q's dtype),
+    and masked keys get that dtype's most negative finite number in it.
     """
     _check_qkv(q, k, v)
-    score_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    score_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (n_q, n_k)
     if bias is not None:
         _check_bias(bias, score_shape)
         bias = bias.to(q.dtype)
+    if mask is not None:
+        check_mask(mask, score_shape)
+    if is_causal:
+        if mask is None and bias is None and n_q == n_k:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        mask = _with_causal(mask, n_q, n_k, q.device)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
-    check_mask(mask, score_shape)
-    row_ok = mask.any(dim=-1, keepdim=True)  # (..., n_q, 1)
-    has_empty_rows = not bool(row_ok.all())
-    if has_empty_rows:
-        mask = mask | ~row_ok  # let empty rows attend somewhere; zeroed below
+    row_ok = mask.any(dim=-1, keepdim=True)  # (..., n_q, 1): False for a row with no key
+    mask = mask | ~row_ok  # let empty rows attend everywhere; zeroed below
     attn_mask = mask if bias is None else bias.masked_fill(~mask, torch.finfo(q.dtype).min)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
-    return out.masked_fill(~row_ok, 0.0) if has_empty_rows else out
+    return out.masked_fill(~row_ok, 0.0)
 
 
 # --------------------------------------------------------------------------- heads
@@ -241,8 +288,10 @@ class MultiHeadAttention(nn.Module):
         rotary: optional module ``rotary(q, k) -> (q, k)`` applied to the per-head queries and
             keys ``(batch, heads, seq, d_head)`` before the scores (RoPE, chapter 2).
 
-    ``forward(query, key=None, value=None, mask=None, need_weights=False, position_bias=None)``:
-    ``position_bias`` is an optional float tensor added to the scores (ALiBi, T5). query
+    ``forward(query, key=None, value=None, mask=None, need_weights=False, position_bias=None,
+    is_causal=False)``: ``position_bias`` is an optional float tensor added to the scores (ALiBi,
+    T5); ``is_causal=True`` applies the causal mask without building it, so the fused kernel can
+    use FlashAttention on CUDA (prefer it to ``mask=causal_mask(n)``). query
     ``(batch, n_q, d_model)``, key/value ``(batch, n_k, d_model)`` (default: the query, i.e.
     self-attention), boolean mask broadcastable to ``(batch, heads, n_q, n_k)``, True = may attend.
     Returns ``(batch, n_q, d_model)``, or ``(output, weights)`` with weights
@@ -282,6 +331,7 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         need_weights: bool = False,
         position_bias: Tensor | None = None,
+        is_causal: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         key = query if key is None else key
         value = key if value is None else value
@@ -308,10 +358,12 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if need_weights or not self.fused:
             out, weights = scaled_dot_product_attention(
-                q, k, v, mask, return_weights=True, dropout_p=p, bias=position_bias
-            )
+                q, k, v, mask, return_weights=True, dropout_p=p, bias=position_bias,
+                is_causal=is_causal)
         else:
-            out, weights = fused_attention(q, k, v, mask, dropout_p=p, bias=position_bias), None
+            out = fused_attention(q, k, v, mask, dropout_p=p, bias=position_bias,
+                                  is_causal=is_causal)
+            weights = None
         out = self.out_proj(merge_heads(out))
         return (out, weights) if need_weights else out
 

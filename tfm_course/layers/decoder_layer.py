@@ -26,9 +26,13 @@ class DecoderLayer(nn.Module):
         x = x + dropout(self_attn(norm1(x)));  x = x + dropout(cross_attn(norm2(x), memory))
         x = x + dropout(ffn(norm3(x)))
 
-    ``forward(x, memory, tgt_mask=None, memory_mask=None, need_weights=False)``: boolean masks,
-    True = may attend; ``tgt_mask`` broadcastable to ``(batch, heads, n_tgt, n_tgt)`` (causal and
-    target key padding), ``memory_mask`` to ``(batch, heads, n_tgt, n_src)`` (source key padding).
+    ``forward(x, memory, tgt_mask=None, memory_mask=None, need_weights=False,
+    tgt_is_causal=False)``: boolean masks, True = may attend; ``tgt_mask`` broadcastable to
+    ``(batch, heads, n_tgt, n_tgt)`` (causal and target key padding), ``memory_mask`` to
+    ``(batch, heads, n_tgt, n_src)`` (source key padding). ``tgt_is_causal=True`` applies the
+    causal mask in the self-attention without building it (combined with ``tgt_mask`` if given):
+    with no ``tgt_mask`` the fused kernel may then use FlashAttention on CUDA. With right-padded
+    targets the causal mask alone suffices, since a real query never reaches a padded key.
     With ``need_weights`` it returns ``(x, cross_weights)``, the cross-attention weights
     ``(batch, heads, n_tgt, n_src)``: which source positions each target position reads.
     """
@@ -71,6 +75,7 @@ class DecoderLayer(nn.Module):
         tgt_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
         need_weights: bool = False,
+        tgt_is_causal: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         if memory.dim() != 3 or memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]:
             raise ValueError(
@@ -78,12 +83,14 @@ class DecoderLayer(nn.Module):
                 f"x {tuple(x.shape)}, got {tuple(memory.shape)}"
             )
         if self.norm_first:
-            x = x + self.dropout1(self.self_attn(self.norm1(x), mask=tgt_mask))
+            x = x + self.dropout1(self.self_attn(self.norm1(x), mask=tgt_mask,
+                                                 is_causal=tgt_is_causal))
             cross, weights = self._cross(self.norm2(x), memory, memory_mask, need_weights)
             x = x + cross
             x = x + self.dropout3(self.ffn(self.norm3(x)))
         else:
-            x = self.norm1(x + self.dropout1(self.self_attn(x, mask=tgt_mask)))
+            x = self.norm1(x + self.dropout1(self.self_attn(x, mask=tgt_mask,
+                                                            is_causal=tgt_is_causal)))
             cross, weights = self._cross(x, memory, memory_mask, need_weights)
             x = self.norm2(x + cross)
             x = self.norm3(x + self.dropout3(self.ffn(x)))

@@ -21,9 +21,11 @@ class EncoderLayer(nn.Module):
 
         x = x + dropout(self_attn(norm1(x)));  x = x + dropout(ffn(norm2(x)))
 
-    ``forward(x, mask=None, position_bias=None)``: boolean ``mask`` (True = may attend)
-    broadcastable to ``(batch, heads, seq, seq)``; optional float ``position_bias`` added to the
-    scores. ``rotary`` is passed to the attention (RoPE).
+    ``forward(x, mask=None, position_bias=None, is_causal=False)``: boolean ``mask`` (True = may
+    attend) broadcastable to ``(batch, heads, seq, seq)``; optional float ``position_bias`` added
+    to the scores; ``is_causal=True`` applies the causal mask without building it (combined with
+    ``mask`` if given), which lets the fused kernel use FlashAttention on CUDA. ``rotary`` is passed
+    to the attention (RoPE).
     """
 
     def __init__(
@@ -49,15 +51,17 @@ class EncoderLayer(nn.Module):
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
 
-    def _attend(self, x: Tensor, mask: Tensor | None, position_bias: Tensor | None) -> Tensor:
-        return self.dropout1(self.self_attn(x, mask=mask, position_bias=position_bias))
+    def _attend(self, x: Tensor, mask: Tensor | None, position_bias: Tensor | None,
+                is_causal: bool = False) -> Tensor:
+        return self.dropout1(self.self_attn(x, mask=mask, position_bias=position_bias,
+                                            is_causal=is_causal))
 
     def forward(self, x: Tensor, mask: Tensor | None = None,
-                position_bias: Tensor | None = None) -> Tensor:
+                position_bias: Tensor | None = None, is_causal: bool = False) -> Tensor:
         if self.norm_first:
-            x = x + self._attend(self.norm1(x), mask, position_bias)
+            x = x + self._attend(self.norm1(x), mask, position_bias, is_causal)
             return x + self.dropout2(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self._attend(x, mask, position_bias))
+        x = self.norm1(x + self._attend(x, mask, position_bias, is_causal))
         return self.norm2(x + self.dropout2(self.ffn(x)))
 
     @classmethod
