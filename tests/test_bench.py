@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cuda_helpers import needs_cuda
 
 from tfm_course.attention import fused_attention, scaled_dot_product_attention
 from tfm_course.bench import (count_flops, crossover, cuda_peak_bytes, loglog_slope, markdown_table,
@@ -40,6 +41,21 @@ def test_time_fn_min_is_the_fastest_run_and_median_the_middle_one():
     assert 0.02 <= middle < 0.03
     with pytest.raises(ValueError, match="stat"):
         time_fn(lambda: None, stat="mean")
+
+
+def test_time_fn_waits_for_the_gpu_after_every_run_even_without_a_device(monkeypatch):
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    time_fn(lambda: events.append("run"), repeats=3, warmup=1)
+    assert events == ["run", "sync"] + ["run", "sync"] * 3
+    events.clear()
+    time_fn(lambda: events.append("run"), repeats=2, warmup=0, device="cuda")
+    assert events == ["sync"] + ["run", "sync"] * 2
+    events.clear()
+    time_fn(lambda: events.append("run"), repeats=2, warmup=0, device="cpu")
+    assert events == ["run", "run"]  # nothing to wait for
 
 
 def test_saved_tensor_bytes_of_a_matmul_is_its_inputs():
@@ -169,3 +185,38 @@ def test_bench_efficient_script_smoke(tmp_path):
     text = out_file.read_text()
     assert "Forward + backward time" in text and "| softmax (naive) |" in text and "slope" in text
     assert "Crossover length" in text
+
+
+# --------------------------------------------------------------------------- on a real GPU
+@needs_cuda
+def test_time_fn_includes_the_gpu_work_not_just_the_queueing():
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def work():
+        for _ in range(10):
+            a @ a
+
+    seconds = time_fn(work, repeats=3)  # no device given: it must still wait for the GPU
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    work()
+    end.record()
+    end.synchronize()
+    gpu_seconds = start.elapsed_time(end) / 1e3
+    assert seconds >= 0.8 * gpu_seconds, (seconds, gpu_seconds)
+
+
+@needs_cuda
+def test_memory_helpers_on_cuda():
+    nbytes = 64 * 2**20
+
+    def allocate():
+        x = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        return x.sum()
+
+    assert cuda_peak_bytes(allocate, "cuda") >= nbytes
+    assert peak_tensor_bytes(allocate) >= nbytes
+    rows = sweep({"matmul": lambda n: (lambda: torch.randn(n, 64, device="cuda") @ torch.randn(64, n, device="cuda"))},
+                 [128, 256], backward=False, flops=False, device="cuda")
+    assert all(r["memory_kind"] == "cuda_peak" and r["peak_bytes"] >= 4 * r["n"] ** 2 for r in rows)
+    assert all(r["fwd_s"] > 0 for r in rows)

@@ -15,9 +15,24 @@ from torch.utils.flop_counter import FlopCounterMode
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for queued GPU work so that wall-clock timings mean something (no-op on CPU)."""
-    if device is not None and torch.device(device).type == "cuda":
+    """Wait for queued GPU work so that wall-clock timings mean something (no-op on CPU).
+
+    A GPU runs what Python queues *later*: without this wait a timer measures only the queueing.
+    ``device=None`` waits for the current CUDA device whenever CUDA has been used in this process
+    (and for Apple's MPS when it is available), so a timing cannot forget it.
+    """
+    if device is None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            torch.mps.synchronize()
+        return
+    device = torch.device(device)
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def time_fn(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1,
@@ -28,6 +43,8 @@ def time_fn(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1,
 
     ``max_seconds`` stops repeating once that much time has been spent (at least one run counts).
     The fastest run is the steadier statistic on a busy machine: other programs only ever add time.
+    Every run ends with :func:`synchronize` (``device=None``: any CUDA device in use), so a GPU's
+    queued work is inside the timing.
     """
     if stat not in ("median", "min"):
         raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
@@ -115,8 +132,9 @@ def peak_tensor_bytes(fn: Callable[[], Any]) -> int:
     Every op's new output storage is counted until Python frees it (views and in-place results
     share memory and are not counted again). Buffers a fused kernel allocates internally and frees
     before returning are invisible, and allocator caching/fragmentation is not included, so this is
-    a lower bound on the process's real peak — but unlike RSS it is exact and repeatable. Use it on
-    CPU; on CUDA, :func:`cuda_peak_bytes` asks the allocator itself.
+    a lower bound on the process's real peak — but unlike RSS it is exact and repeatable. It works
+    on CUDA tensors too (the same count, so CPU and GPU runs compare); on CUDA,
+    :func:`cuda_peak_bytes` asks the allocator itself and also sees the kernels' workspaces.
     """
     tracker = _LiveTensorBytes()
     with tracker:
@@ -212,8 +230,9 @@ def sweep(cases: Mapping[str, Callable[[int], Callable[[], torch.Tensor]]],
 
     * ``fwd_s`` — median seconds of ``run()`` under ``torch.no_grad()``;
     * ``train_s`` — median seconds of ``run().sum().backward()`` (if ``backward``);
-    * ``peak_bytes`` — peak memory of the no-grad forward: :func:`cuda_peak_bytes` on CUDA,
-      :func:`peak_tensor_bytes` elsewhere; ``memory_kind`` says which;
+    * ``peak_bytes`` — peak memory of the no-grad forward: :func:`cuda_peak_bytes` when
+      ``device`` is CUDA, :func:`peak_tensor_bytes` otherwise; ``memory_kind`` says which (pass
+      ``device`` so that a GPU run asks the allocator);
     * ``saved_bytes`` — :func:`saved_tensor_bytes`, activations kept for the backward pass;
     * ``flops`` — :func:`count_flops` of the forward (matmul-type ops only);
     * ``skipped`` — None, or why the cell was not run.

@@ -55,14 +55,17 @@ def _query_positions(n_q: int, n_k: int, device: torch.device | str | None) -> T
 
 
 # --------------------------------------------------------------------------- sinusoidal
-def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """The table of Vaswani et al. (2017), ``(max_len, d_model)``::
+def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0,
+                        device: torch.device | str | None = None) -> Tensor:
+    """The table of Vaswani et al. (2017), ``(max_len, d_model)``, fp32 on ``device`` (default CPU)::
 
         PE[p, 2i]     = sin(p / base^(2i / d_model))
         PE[p, 2i + 1] = cos(p / base^(2i / d_model))
 
     Sine and cosine of the same frequency sit side by side (interleaved), so pair ``i`` is the
-    point ``(sin, cos)`` of the angle ``p · ω_i`` on the unit circle.
+    point ``(sin, cos)`` of the angle ``p · ω_i`` on the unit circle. The angles are computed in
+    float64 on the CPU (MPS has no float64) and the fp32 table is then moved to ``device``: pass
+    ``device=x.device`` before adding it to activations ``x``.
     """
     _positive(max_len=max_len, d_model=d_model)
     if d_model % 2:
@@ -72,7 +75,7 @@ def sinusoidal_encoding(max_len: int, d_model: int, base: float = 10000.0) -> Te
     angle = position * omega  # (max_len, d_model/2)
     pe = torch.empty(max_len, d_model, dtype=torch.float64)
     pe[:, 0::2], pe[:, 1::2] = torch.sin(angle), torch.cos(angle)
-    return pe.float()
+    return pe.to(device=device, dtype=torch.float32)
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -183,8 +186,8 @@ class RotaryEmbedding(nn.Module):
 
 
 # --------------------------------------------------------------------------- ALiBi
-def alibi_slopes(num_heads: int) -> Tensor:
-    """The head-specific slopes of ALiBi (Press et al., 2021), ``(num_heads,)``.
+def alibi_slopes(num_heads: int, device: torch.device | str | None = None) -> Tensor:
+    """The head-specific slopes of ALiBi (Press et al., 2021), ``(num_heads,)``, fp32 on ``device``.
 
     For ``n`` heads, a power of 2, the slopes are the geometric sequence ``2^(-8/n · i)`` for
     ``i = 1..n`` (8 heads: 1/2, 1/4, ..., 1/256). Otherwise, as in the paper's code, take the
@@ -200,7 +203,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     slopes = power_of_2(closest)
     if closest != num_heads:
         slopes += power_of_2(2 * closest)[0::2][: num_heads - closest]
-    return torch.tensor(slopes, dtype=torch.float32)
+    return torch.tensor(slopes, dtype=torch.float32, device=device)
 
 
 def alibi_bias(num_heads: int, n_q: int, n_k: int | None = None,
@@ -215,7 +218,7 @@ def alibi_bias(num_heads: int, n_q: int, n_k: int | None = None,
     i = _query_positions(n_q, n_k, device)
     j = torch.arange(n_k, device=device)
     distance = (i[:, None] - j[None, :]).abs().float()  # (n_q, n_k)
-    slopes = alibi_slopes(num_heads).to(device)
+    slopes = alibi_slopes(num_heads, device=device)
     return -(slopes[:, None, None] * distance)[None]
 
 
