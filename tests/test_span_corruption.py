@@ -211,6 +211,8 @@ def test_t5_lengths_agree_with_t5s_helper_formula_away_from_float32_ties():
     (lambda: span_corrupt(torch.arange(5), SENTINELS, noise_mask=torch.ones(4, dtype=torch.bool)), r"shape \(5,\)"),
     (lambda: span_corrupt(torch.arange(5), SENTINELS, noise_mask=torch.ones(5)), "bool"),
     (lambda: span_corrupt(torch.arange(300), SENTINELS[:3]), "only 3 sentinel"),
+    (lambda: span_corrupt(torch.arange(3), SENTINELS, noise_mask=torch.tensor([True, False, False])),
+     "start with a kept token"),
     (lambda: span_corrupt_batch(torch.arange(5), SENTINELS, EOS), r"\(batch, length\)"),
     (lambda: t5_sentinel_ids(10, 20), "count"),
     (lambda: t5_raw_length(1), ">= 2"),

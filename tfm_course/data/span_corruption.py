@@ -160,7 +160,8 @@ def span_corrupt(ids: Tensor | Sequence[int], sentinel_ids: Sequence[int], eos_i
       follows the sentinel that marks it in the input).
 
     ``sentinel_ids[k]`` is the k-th sentinel (T5: :func:`t5_sentinel_ids`). ``eos_id``, if given,
-    ends both sequences. ``noise_mask`` ``(L,)`` bool defaults to :func:`random_spans_noise_mask`.
+    ends both sequences. ``noise_mask`` ``(L,)`` bool defaults to :func:`random_spans_noise_mask`;
+    it must start with a kept token (T5's always do).
     Lengths: inputs = kept tokens + noise spans (+ 1), targets = noise tokens + kept spans (+ 1),
     which for T5's masks is :func:`t5_lengths`.
     """
@@ -175,6 +176,10 @@ def span_corrupt(ids: Tensor | Sequence[int], sentinel_ids: Sequence[int], eos_i
     if noise_mask.dtype != torch.bool or noise_mask.shape != ids.shape:
         raise ValueError(f"noise_mask must be a bool tensor of shape {tuple(ids.shape)}, got "
                          f"{tuple(noise_mask.shape)} {noise_mask.dtype}")
+    if bool(noise_mask[0]):
+        raise ValueError("noise_mask must start with a kept token (False), as T5's masks do: the "
+                         "target's sentinels mark the kept spans, so they pair up with the input's "
+                         "only when the text starts with kept tokens")
     sentinels = torch.as_tensor(list(sentinel_ids), dtype=torch.long, device=ids.device)
     needed = max(int(_span_starts(noise_mask).sum()), int(_span_starts(~noise_mask).sum()))
     if sentinels.dim() != 1 or sentinels.numel() < needed:
