@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cuda_helpers import fp32_matmuls, needs_cuda
 from tfm_course import decoding
 from tfm_course.layers import RMSNorm
 from tfm_course.models.t5 import T5, T5Attention, T5Config, prefix_lm_mask, shift_right
@@ -341,3 +342,36 @@ def test_from_pretrained_reads_pytorch_model_bin_and_untied_heads(tmp_path):
     ours = T5.from_pretrained(tmp_path).eval()
     assert ours.lm_head.weight is not ours.shared.weight
     torch.testing.assert_close(ours.lm_head.weight, state["lm_head.weight"])
+
+
+# --------------------------------------------------------------------------- CUDA (pytest -m gpu)
+@needs_cuda
+def test_cuda_matches_cpu_and_cache_equals_recompute():
+    model = small(6)
+    src, mask, dec = batch(6)
+    with fp32_matmuls():
+        want = model(src, dec, mask)
+        gpu = model.to("cuda")
+        got = gpu(src.cuda(), dec.cuda(), mask.cuda())
+        torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+        cached = gpu.generate(src.cuda(), mask.cuda(), max_new_tokens=20)
+        assert cached.device.type == "cuda"
+        assert torch.equal(cached, gpu.generate(src.cuda(), mask.cuda(), max_new_tokens=20, use_cache=False))
+
+
+@needs_cuda
+def test_cuda_bf16_training_step_and_span_corruption_on_the_gpu():
+    from tfm_course.data.span_corruption import fill_spans, span_corrupt_batch, t5_lengths, t5_sentinel_ids
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.randint(2, 50, (4, 64), device="cuda", generator=g)
+    inputs, targets = span_corrupt_batch(ids, t5_sentinel_ids(61, 20), eos_id=1, generator=g)
+    assert inputs.device.type == "cuda" and (inputs.shape[1], targets.shape[1]) == t5_lengths(64)
+    assert fill_spans(inputs[0].cpu(), targets[0].cpu(), t5_sentinel_ids(61, 20), 1) == ids[0].tolist()
+    model = small(7).cuda().train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(inputs, shift_right(targets))
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters()
+                                        if p.grad is not None)
