@@ -50,11 +50,11 @@ class MixerLayer(nn.Module):
     """Pre-norm layer ``(batch, L, d_model) → (batch, L, d_model)``: mixer, then feed-forward."""
 
     def __init__(self, kind: str, d_model: int, num_heads: int, d_ff: int,
-                 num_features: int | None = None) -> None:
+                 num_features: int | None = None, scan_mode: str = "sequential") -> None:
         super().__init__()
         self.kind = kind
         self.norm1, self.norm2 = RMSNorm(d_model), RMSNorm(d_model)
-        self.mixer = make_mixer(kind, d_model, num_heads, num_features)
+        self.mixer = make_mixer(kind, d_model, num_heads, num_features, scan_mode)
         self.ffn = FeedForward(d_model, d_ff, activation="gelu")
 
     def forward(self, x: Tensor) -> Tensor:
@@ -88,11 +88,13 @@ class MixerLM(nn.Module):
             width that matches an attention layer's parameter count (``match_parameters=True``)
             or this same width (``False``).
         num_features: random features per Performer head (default ``2 · d_head``).
+        scan_mode: Mamba's scan, ``"sequential"`` (CPU) or ``"parallel"`` (GPU); same result.
     """
 
     def __init__(self, vocab_size: int, mixer: str = "attention", d_model: int = 64,
                  num_layers: int = 2, num_heads: int = 4, d_ff: int | None = None,
-                 num_features: int | None = None, match_parameters: bool = True) -> None:
+                 num_features: int | None = None, match_parameters: bool = True,
+                 scan_mode: str = "sequential") -> None:
         super().__init__()
         if d_model % num_heads or (d_model // num_heads) % 2:
             raise ValueError(f"d_model {d_model} must split into {num_heads} heads of even width")
@@ -104,8 +106,8 @@ class MixerLM(nn.Module):
                   else _matched_ffn_width(kind, d_model, num_heads, target, num_features)
                   for kind in set(kinds)}
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.layers = nn.ModuleList(MixerLayer(kind, d_model, num_heads, widths[kind], num_features)
-                                    for kind in kinds)
+        self.layers = nn.ModuleList(MixerLayer(kind, d_model, num_heads, widths[kind], num_features,
+                                               scan_mode) for kind in kinds)
         self.norm = RMSNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 

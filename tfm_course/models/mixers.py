@@ -118,7 +118,8 @@ class CausalPerformer(PerformerAttention):
         return self.out_proj(merge_heads(out))
 
     def _log_features(self, x: Tensor) -> Tensor:
-        """log φ(x) up to a constant: ω·x' − ‖x'‖²/2 with x' = x · d^(−1/4); ``(..., d) → (..., m)``."""
+        """log φ(x) up to a constant, ω·x' − ‖x'‖²/2 with x' = x · d^(−1/4): ``(..., d) → (..., m)``.
+        """
         x = x * self.d_head ** -0.25
         return x @ self.projection.float().T - (x * x).sum(-1, keepdim=True) / 2
 
@@ -145,8 +146,13 @@ class CausalPerformer(PerformerAttention):
 
 
 # --------------------------------------------------------------------------- factory and state
-def make_mixer(kind: str, d_model: int, num_heads: int, num_features: int | None = None) -> nn.Module:
-    """A mixer of ``kind`` (one of :data:`MIXER_KINDS`) with the package's defaults."""
+def make_mixer(kind: str, d_model: int, num_heads: int, num_features: int | None = None,
+               scan_mode: str = "sequential") -> nn.Module:
+    """A mixer of ``kind`` (one of :data:`MIXER_KINDS`) with the package's defaults.
+
+    ``scan_mode`` is Mamba's scan in the forward pass: ``"sequential"`` (faster on a CPU) or
+    ``"parallel"`` (meant for a GPU); the two give the same numbers.
+    """
     if kind == "attention":
         return CausalAttention(d_model, num_heads)
     if kind == "performer":
@@ -154,7 +160,7 @@ def make_mixer(kind: str, d_model: int, num_heads: int, num_features: int | None
     if kind == "retnet":
         return MultiScaleRetention(d_model, num_heads)
     if kind == "mamba":
-        return MambaBlock(d_model)
+        return MambaBlock(d_model, scan_mode=scan_mode)
     raise ValueError(f"kind must be one of {MIXER_KINDS}, got {kind!r}")
 
 

@@ -1,0 +1,93 @@
+"""What generating one more token costs as the context grows, and how Mamba's two scans compare.
+
+    rows = generation_profile(model, contexts=[64, 256, 1024])   # per context: bytes and s/token
+    rows = scan_timings(lengths=[64, 256, 1024])                  # sequential vs parallel scan
+
+A model with a KV cache (attention) carries a state that grows by a key and a value per token and
+layer, and each new token reads all of it; a recurrent model (RetNet, Mamba, a linear-attention
+Performer) carries a state of fixed size and does the same work at every step. These functions
+measure both on whatever device the model lives on.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .bench import synchronize, time_fn
+from .efficient.mamba import selective_scan
+from .models.mixers import tensor_bytes
+
+__all__ = ["generation_profile", "scan_timings"]
+
+
+@torch.no_grad()
+def generation_profile(model: torch.nn.Module, contexts: Sequence[int], batch: int = 1,
+                       repeats: int = 20, seed: int = 0) -> list[dict]:
+    """Memory and time of one generation step after each context length in ``contexts``.
+
+    ``model`` needs ``step(token (batch,), state) -> (logits, state)`` (e.g.
+    :class:`~tfm_course.models.mixer_lm.MixerLM`) and an ``embed`` table; random tokens are fed
+    one by one (the prefill is the same step loop). At each context n the row holds:
+
+    * ``state_bytes`` — bytes of the tensors in the state after n tokens, per sequence;
+    * ``s_per_token`` — the fastest of ``repeats`` single steps taken from that same state
+      (synchronised on a GPU), so every timed step sees exactly n earlier tokens.
+    """
+    contexts = sorted(set(contexts))
+    if not contexts or contexts[0] < 1:
+        raise ValueError(f"contexts must be positive token counts, got {list(contexts)}")
+    device = next(model.parameters()).device
+    vocab_size = model.embed.num_embeddings
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(vocab_size, (batch, contexts[-1] + 1), generator=gen).to(device)
+    was_training = model.training
+    model.eval()
+    rows, state, done = [], None, 0
+    for n in contexts:
+        for t in range(done, n):
+            _, state = model.step(tokens[:, t], state)
+        done = n
+        next_token = tokens[:, n]
+        seconds = time_fn(lambda: model.step(next_token, state), repeats=repeats, warmup=2,
+                          device=device, stat="min")
+        rows.append({"context": n, "state_bytes": tensor_bytes(state) // batch,
+                     "s_per_token": seconds})
+    synchronize(device)
+    model.train(was_training)
+    return rows
+
+
+def scan_timings(lengths: Sequence[int], batch: int = 2, d_inner: int = 128, d_state: int = 16,
+                 repeats: int = 3, device: torch.device | str | None = None,
+                 backward: bool = True, seed: int = 0) -> list[dict]:
+    """Seconds of :func:`~tfm_course.efficient.mamba.selective_scan` in its two modes, per length.
+
+    Inputs ``(batch, L, d_inner)`` with ``d_state`` states per channel, as inside a Mamba block.
+    ``backward=True`` times forward + backward (a training step's scan), else the forward only.
+    Each row: ``{"length", "sequential_s", "parallel_s"}`` (fastest of ``repeats``).
+    """
+    device = torch.device(device or "cpu")
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in lengths:
+        def leaf(*shape: int, positive: bool = False) -> torch.Tensor:
+            t = torch.rand(*shape, generator=gen) if positive else torch.randn(*shape, generator=gen)
+            return t.to(device).requires_grad_(backward)
+
+        x, delta = leaf(batch, length, d_inner), leaf(batch, length, d_inner, positive=True)
+        A = -torch.arange(1, d_state + 1, dtype=torch.float32, device=device).repeat(d_inner, 1)
+        B, C = leaf(batch, length, d_state), leaf(batch, length, d_state)
+        row = {"length": length}
+        for mode in ("sequential", "parallel"):
+            def run() -> None:
+                y = selective_scan(x, delta * 0.1, A, B, C, mode=mode)
+                if backward:
+                    y.sum().backward()
+
+            context = torch.enable_grad() if backward else torch.no_grad()
+            with context:
+                row[f"{mode}_s"] = time_fn(run, repeats=repeats, warmup=1, device=device, stat="min")
+        rows.append(row)
+    return rows

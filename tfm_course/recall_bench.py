@@ -1,0 +1,106 @@
+"""Train small causal models on multi-query associative recall and measure what they remember.
+
+    result = train_recall("mamba", seq_len=64, n_pairs=4, steps=400, seed=0)
+    result.accuracy, result.parameters, result.state_bytes, result.seconds
+
+Every model is a :class:`~tfm_course.models.mixer_lm.MixerLM` of the same width, depth and
+(about the same) parameter count; only the sequence mixer changes. Training draws a fresh MQAR
+batch at every step (:func:`~tfm_course.data.recall.multi_query_recall`) and stops early once the
+held-out accuracy reaches ``target``. Accuracy is the fraction of queried keys whose value is the
+model's top prediction, on a fixed test set drawn from a separate generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .data.recall import IGNORE, multi_query_recall
+from .device import by_device, get_device
+from .models.mixer_lm import MixerLM
+from .train import train, warmup_cosine
+
+__all__ = ["RecallResult", "recall_accuracy", "train_recall"]
+
+
+@dataclass
+class RecallResult:
+    """One trained model on one setting (everything the benchmark table shows)."""
+
+    mixer: str
+    seq_len: int
+    n_pairs: int
+    seed: int
+    accuracy: float  # on the held-out queries
+    parameters: int
+    state_bytes: int  # generation state per sequence after seq_len tokens (fp32)
+    seconds: float  # training wall-clock time
+    steps: int  # optimiser steps taken (fewer than asked if the target was reached)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def recall_accuracy(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size: int = 256) -> float:
+    """Fraction of labelled positions (label != IGNORE) where ``model(inputs)`` ranks the label first.
+
+    inputs, labels ``(n, L)`` on the model's device; evaluated in batches of ``batch_size``.
+    """
+    if inputs.shape != labels.shape:
+        raise ValueError(f"inputs {tuple(inputs.shape)} and labels {tuple(labels.shape)} must match")
+    hits = torch.zeros((), device=labels.device)
+    total = (labels != IGNORE).sum()
+    for x, y in zip(inputs.split(batch_size), labels.split(batch_size)):
+        keep = y != IGNORE
+        hits += (model(x).argmax(-1) == y)[keep].sum()
+    return float(hits / total.clamp_min(1))
+
+
+def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 256,
+                 d_model: int = 64, num_layers: int = 2, num_heads: int = 4, steps: int = 1000,
+                 batch_size: int = 64, lr: float = 3e-3, seed: int = 0, n_test: int = 512,
+                 target: float | None = 0.99, eval_every: int = 50,
+                 time_limit_s: float | None = None, device: torch.device | str | None = None,
+                 scan_mode: str | None = None, progress: bool = False) -> RecallResult:
+    """Train one ``MixerLM(mixer)`` on MQAR(``seq_len``, ``n_pairs``); return a :class:`RecallResult`.
+
+    The model and its training batches are seeded by ``seed``; the test set by ``10_000 + seed``
+    (never seen in training). AdamW with a warm-up and cosine schedule over ``steps``; training
+    stops early when the test accuracy reaches ``target`` (None: never) or after
+    ``time_limit_s`` seconds. Mamba's scan is ``scan_mode``, by default sequential on a CPU and
+    parallel on an accelerator.
+    """
+    device = torch.device(device) if device is not None else get_device()
+    scan_mode = scan_mode or by_device("sequential", "parallel", device)
+    torch.manual_seed(seed)
+    model = MixerLM(vocab_size, mixer, d_model=d_model, num_layers=num_layers,
+                    num_heads=num_heads, scan_mode=scan_mode).to(device)
+    data_gen = torch.Generator().manual_seed(seed)
+    test_inputs, test_labels = multi_query_recall(n_test, vocab_size, seq_len, n_pairs,
+                                                  torch.Generator().manual_seed(10_000 + seed), device)
+
+    def make_batch(step: int) -> tuple[Tensor, Tensor]:
+        return multi_query_recall(batch_size, vocab_size, seq_len, n_pairs, data_gen, device)
+
+    def loss_fn(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        inputs, labels = batch
+        logits = model(inputs)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+
+    def eval_fn(model: nn.Module) -> dict[str, float]:
+        return {"accuracy": recall_accuracy(model, test_inputs, test_labels)}
+
+    def reached(history) -> bool:
+        return target is not None and history.last("accuracy") >= target
+
+    history = train(model, make_batch, loss_fn, steps=steps, lr=lr,
+                    schedule=warmup_cosine(min(50, steps // 10), steps), eval_fn=eval_fn,
+                    eval_every=eval_every, stop_when=reached, time_limit_s=time_limit_s,
+                    progress=progress, desc=f"{mixer} L={seq_len} pairs={n_pairs}")
+    return RecallResult(mixer, seq_len, n_pairs, seed, history.last("accuracy"),
+                        model.num_parameters(), model.state_bytes(seq_len), history.seconds,
+                        len(history.steps))
