@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn.functional import scaled_dot_product_attention as imported_sdpa
 
 from checker_helpers import rejects, verdict
 from tfm_course.attention import (
@@ -115,14 +117,17 @@ def test_masked_softmax_checker_rejects_typical_mistakes(name, capsys):
 
 # --------------------------------------------------------------------------- attention
 def _attention(scale="sqrt_dk", fill="finfo", zero_empty=True, dim=-1, reverse=False,
-               ignore_mask=False, upcast=False, return_weights=False):
+               ignore_mask=False, upcast=False, return_weights=False, scale_after=False):
     """A from-scratch attention with knobs for the usual mistakes."""
 
     def fn(q, k, v, mask=None):
         d_k, d_v = q.shape[-1], v.shape[-1]
         factor = {"sqrt_dk": 1 / math.sqrt(d_k), "none": 1.0, "dk": 1 / d_k,
                   "times": math.sqrt(d_k), "sqrt_dv": 1 / math.sqrt(d_v)}[scale]
-        scores = q @ k.transpose(-2, -1) * factor
+        if scale_after:  # q kᵀ first, in the input dtype: overflows fp16 for large scores
+            scores = (q @ k.transpose(-2, -1)) * factor
+        else:
+            scores = (q * factor) @ k.transpose(-2, -1)
         if mask is not None and not ignore_mask:
             mask = ~mask if reverse else mask
             value = torch.finfo(scores.dtype).min if fill == "finfo" else fill
@@ -137,11 +142,55 @@ def _attention(scale="sqrt_dk", fill="finfo", zero_empty=True, dim=-1, reverse=F
     return fn
 
 
-@pytest.mark.parametrize("fn", [scaled_dot_product_attention, fused_attention, _attention()],
-                         ids=["package", "fused", "from-scratch"])
+def _float32_scores(q, k, v, mask=None):
+    """Right too: scores and softmax in float32, output cast back."""
+    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    return (weights @ v.float()).to(v.dtype)
+
+
+@pytest.mark.parametrize("fn", [scaled_dot_product_attention, _attention(), _float32_scores],
+                         ids=["package", "from-scratch", "float32-scores"])
 def test_attention_checker_accepts_correct_answers(fn, capsys):
     ok, out = verdict(ch01.check_scaled_dot_product_attention, fn, capsys)
     assert ok and "✅" in out
+
+
+def _zero_empty_rows(out, mask):
+    """What a reader adds to F.scaled_dot_product_attention so that every case would pass."""
+    return out if mask is None else out.masked_fill(~mask.any(-1, keepdim=True), 0.0).nan_to_num(0.0)
+
+
+SDPA_CALLS = {  # each is otherwise right: only calling PyTorch's kernel gives it away
+    "F.scaled_dot_product_attention": lambda q, k, v, mask=None: _zero_empty_rows(
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask), mask),
+    "imported under another name": lambda q, k, v, mask=None: _zero_empty_rows(
+        imported_sdpa(q, k, v, attn_mask=mask), mask),
+    "torch._C._nn": lambda q, k, v, mask=None: _zero_empty_rows(
+        torch._C._nn.scaled_dot_product_attention(q, k, v, attn_mask=mask), mask),
+    "torch.ops.aten": lambda q, k, v, mask=None: _zero_empty_rows(
+        torch.ops.aten.scaled_dot_product_attention(q, k, v, attn_mask=mask), mask),
+    "the package's fused_attention": fused_attention,
+}
+
+
+@pytest.mark.parametrize("name", SDPA_CALLS)
+def test_attention_checker_refuses_pytorchs_kernel(name, capsys):
+    rejects(ch01.check_scaled_dot_product_attention, SDPA_CALLS[name],
+            "calls PyTorch's F.scaled_dot_product_attention", capsys)
+
+
+def test_refused_kernel_calls_would_otherwise_pass(capsys, monkeypatch):
+    """The refusal is the only thing wrong with them: with the detection switched off, they pass."""
+    monkeypatch.setattr(ch01, "_without_pytorch_sdpa",
+                        lambda fn, *args: ch01.attempt(ch01._with_overflow_hint, fn, *args))
+    for name, fn in SDPA_CALLS.items():
+        ok, out = verdict(ch01.check_scaled_dot_product_attention, fn, capsys)
+        assert ok, (name, out)
 
 
 ATTENTION_WRONG = {
@@ -161,6 +210,7 @@ ATTENTION_WRONG = {
                             "those are the weights"),
     "k not transposed": (lambda q, k, v, mask=None: torch.softmax(q @ k, -1) @ v,
                          "your function raised RuntimeError"),
+    "scales after q kᵀ in fp16": (_attention(scale_after=True), "q @ kᵀ overflowed to inf"),
 }
 
 

@@ -18,6 +18,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from ..attention import causal_mask, masked_softmax, padding_mask, scaled_dot_product_attention
 from ._checking import Failed, attempt, close, expect_tensor, run_checks
 
@@ -37,6 +40,12 @@ UNIFORM_OUT = ("a fully masked row should give zeros, but yours returns the aver
                "(uniform weights) — zero the weights of rows that have no allowed key")
 FP16_OVERFLOW = ("in float16 the fill value overflowed: -1e9 does not fit in fp16 (its largest "
                  "magnitude is 65504) — use torch.finfo(scores.dtype).min, or compute in float32")
+USES_SDPA = ("your function calls PyTorch's F.scaled_dot_product_attention (or one of its fused "
+             "kernels): this exercise asks you to write the maths yourself — q kᵀ / √d_k, the mask, "
+             "the softmax over the keys, then the weighted sum of v")
+FP16_SCORES_OVERFLOW = ("in float16, q @ kᵀ overflowed to inf before the division by √d_k (fp16's "
+                        "largest value is 65504): scale q first, (q / √d_k) @ kᵀ, or compute the "
+                        "scores in float32")
 WRONG_AXIS = ("softmax over the wrong axis: normalise over the keys (the last dim), so that each "
               "query's weights sum to 1")
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -231,11 +240,50 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
     return torch.softmax(scores, dim=dim) @ v.float()
 
 
+_FUSED_OPS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+
+
+class _SdpaCalls(TorchFunctionMode):
+    """Records calls of ``F.scaled_dot_product_attention``, however it was imported."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.called = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if "scaled_dot_product_attention" in getattr(func, "__name__", ""):
+            self.called = True
+        return func(*args, **(kwargs or {}))
+
+
+class _FusedKernels(TorchDispatchMode):
+    """Records PyTorch's fused attention kernels (aten ops), also when a library calls them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.called = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if any(name in str(func) for name in _FUSED_OPS):
+            self.called = True
+        return func(*args, **(kwargs or {}))
+
+
+def _without_pytorch_sdpa(fn: Callable[..., Tensor], *args: Tensor) -> Tensor:
+    """``fn(*args)``, failing if it used PyTorch's fused attention instead of the maths."""
+    calls, kernels = _SdpaCalls(), _FusedKernels()
+    with calls, kernels:
+        out = attempt(_with_overflow_hint, fn, *args)
+    if calls.called or kernels.called:
+        raise Failed(USES_SDPA)
+    return out
+
+
 def _attention_case(fn: Callable[..., Tensor], q: Tensor, k: Tensor, v: Tensor,
                     mask: Tensor | None, what: str) -> None:
     want = scaled_dot_product_attention(q.float(), k.float(), v.float(), mask)
     args = (q.clone(), k.clone(), v.clone()) + ((mask.clone(),) if mask is not None else ())
-    got = attempt(_with_overflow_hint, fn, *args)
+    got = _without_pytorch_sdpa(fn, *args)
     if isinstance(got, tuple):
         raise Failed("return only the output tensor, not a tuple such as (output, weights)")
     if isinstance(got, Tensor) and got.shape == want.shape[:-2] + (want.shape[-2], k.shape[-2]):
@@ -283,6 +331,8 @@ def _attention_case(fn: Callable[..., Tensor], q: Tensor, k: Tensor, v: Tensor,
             raise Failed(UNIFORM_OUT)
         raise Failed("rows with allowed keys are right, but a fully masked row is not zeros")
     if bool(torch.isnan(got).any()):
+        if q.dtype == torch.float16 and bool(torch.isinf(q @ k.transpose(-2, -1)).any()):
+            raise Failed(FP16_SCORES_OVERFLOW)
         raise Failed(f"NaN in the output of rows that have allowed keys ({what})")
     raise Failed(f"the output differs from softmax(q kᵀ / √d_k) v by up to "
                  f"{float((got - want).abs().max()):.3g} ({what})")
@@ -292,7 +342,10 @@ def check_scaled_dot_product_attention(fn: Callable[..., Tensor]) -> bool:
     """``fn(q, k, v, mask=None)`` -> output ``(..., n_q, d_v)``; mask bool, True = may attend.
 
     Tested on 3-D and 4-D inputs with n_q ≠ n_k and d_v ≠ d_k, causal and key-padding masks, a
-    fully masked query row (must give zeros), and float16 / bfloat16 inputs (output keeps the dtype).
+    fully masked query row (must give zeros), float16 / bfloat16 inputs (output keeps the dtype),
+    and float16 inputs whose unscaled scores q·k exceed fp16's range while the scaled ones fit.
+    A function that calls PyTorch's ``F.scaled_dot_product_attention`` (or its fused kernels) is
+    refused: the exercise is to write the maths.
     """
     g = _generator(2)
 
@@ -306,6 +359,9 @@ def check_scaled_dot_product_attention(fn: Callable[..., Tensor]) -> bool:
     holes = torch.rand(5, 7, generator=g) > 0.5
     holes[:, 0] = True
     holes[2] = False  # query 2 may attend nothing
+    # fp16 self-attention with |q|² ≈ 16 · 80² ≈ 1e5 > 65504: q @ kᵀ overflows, (q / 4) @ kᵀ fits
+    big = (randn(2, 6, 16) * 80).half()
+    v_big = randn(2, 6, 8).half()
 
     def case(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, what: str) -> Callable[[], None]:
         return _unwrap_overflow(lambda: _attention_case(fn, q, k, v, mask, what))
@@ -318,4 +374,5 @@ def check_scaled_dot_product_attention(fn: Callable[..., Tensor]) -> bool:
         ("a fully masked query row", case(q4, k4, v4, holes, "a fully masked row")),
         ("float16 inputs", case(q4.half(), k4.half(), v4.half(), holes, "float16")),
         ("bfloat16 inputs", case(q4.bfloat16(), k4.bfloat16(), v4.bfloat16(), pad, "bfloat16")),
+        ("float16 inputs with large scores", case(big, big, v_big, None, "float16, large scores")),
     ])
