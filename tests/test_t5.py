@@ -59,14 +59,15 @@ def test_relative_bias_owned_by_the_first_block_of_each_stack():
     # every block receives the first block's bias: zeroing the table changes every layer's scores
     seen = []
     for block in model.encoder.blocks:
-        block.self_attn.register_forward_hook(lambda m, args, out: seen.append(args[4]))
+        block.self_attn.register_forward_hook(lambda m, args, out: seen.append(args[3]))
     src, mask, _ = batch()
     model.encode(src, mask)
     assert len(seen) == 3 and all(b is seen[0] for b in seen)
     n = src.shape[1]
     want = model.encoder.blocks[0].relative_bias.embedding.weight[
         relative_position_bucket(torch.arange(n)[None] - torch.arange(n)[:, None], True, 8, 20)]
-    torch.testing.assert_close(seen[0][0], want.permute(2, 0, 1))
+    torch.testing.assert_close(seen[0][0], want.permute(2, 0, 1))  # row 0 has no padding
+    assert (seen[0][2, :, :, 4:] == torch.finfo(torch.float32).min).all()  # row 2's padded keys
 
 
 def test_bucket_golden_values_both_directions():
@@ -82,14 +83,25 @@ def test_bucket_golden_values_both_directions():
     torch.testing.assert_close(bias[0, :, 0, 199 - 64], table[26])  # key 64 to the left: bucket 26
 
 
-def test_scores_are_not_scaled():
+@pytest.mark.parametrize("fused", [True, False])
+def test_scores_are_not_scaled(fused):
     torch.manual_seed(0)
-    attn = T5Attention(d_model=12, num_heads=2, d_kv=5)
-    x = torch.randn(2, 4, 12)
+    attn = T5Attention(d_model=12, num_heads=2, d_kv=5, fused=fused)
+    x, bias = torch.randn(2, 4, 12), torch.randn(1, 2, 4, 4)
     k, v = attn.keys_values(x)
     q = attn.q(x).view(2, 4, 2, 5).transpose(1, 2)
-    want = (q @ k.transpose(-2, -1)).softmax(-1) @ v  # no / sqrt(5)
-    torch.testing.assert_close(attn(x, k, v), attn.o(want.transpose(1, 2).reshape(2, 4, 10)))
+    want = (q @ k.transpose(-2, -1) + bias).softmax(-1) @ v  # no / sqrt(5)
+    torch.testing.assert_close(attn(x, k, v, bias), attn.o(want.transpose(1, 2).reshape(2, 4, 10)))
+
+
+def test_fused_and_written_out_attention_agree():
+    model = small(8, dropout=0.0)
+    src, mask, dec = batch(8)
+    fused = model(src, dec, mask)
+    for m in model.modules():
+        if isinstance(m, T5Attention):
+            m.fused = False
+    torch.testing.assert_close(model(src, dec, mask), fused, atol=1e-5, rtol=1e-5)
 
 
 def test_tied_output_is_rescaled_and_untied_is_not():

@@ -30,14 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import masked_softmax, merge_heads, split_heads
+from ..attention import merge_heads, split_heads
 from ..decoding import greedy_search
 from ..layers import FeedForward, RMSNorm
 from ..positional import T5RelativeBias
 from .t5_hf import hf_state_to_ours, read_hf_folder
 
-__all__ = ["T5Config", "T5Attention", "GatedGELU", "T5Block", "T5Stack", "T5", "T5Stepper",
-           "shift_right", "prefix_lm_mask"]
+__all__ = ["T5Config", "attention_bias", "T5Attention", "GatedGELU", "T5Block", "T5Stack", "T5",
+           "T5Stepper", "shift_right", "prefix_lm_mask"]
 
 
 @dataclass
@@ -104,18 +104,38 @@ class T5Config:
 
 
 # --------------------------------------------------------------------------- blocks
+LOWEST = torch.finfo(torch.float32).min  # added to the score of a key that may not be read
+
+
+def attention_bias(mask: Tensor | None, bias: Tensor | None = None) -> Tensor | None:
+    """Fold a bool ``mask`` (True = may attend) into the float ``bias`` added to the scores.
+
+    Where the mask is False the result is the lowest float32 number, so the key gets zero weight.
+    Shapes broadcast (a ``(1, heads, n_q, n_k)`` position bias with a ``(B, 1, 1, n_k)`` padding
+    mask gives ``(B, heads, n_q, n_k)``). The stacks do this once and share it across blocks.
+    """
+    if mask is None:
+        return bias
+    if bias is None:
+        bias = torch.zeros((), device=mask.device)
+    return torch.where(mask, bias, torch.full((), LOWEST, device=mask.device))
+
+
 class T5Attention(nn.Module):
     """Multi-head attention *without* the 1/√d scaling: softmax(q kᵀ + bias) v.
 
-    ``forward(x, k, v, mask=None, position_bias=None)``: queries from ``x`` ``(B, n_q, d_model)``;
-    keys and values ``(B, heads, n_k, d_kv)`` from :meth:`keys_values` (kept apart so that a
-    KV cache can store them); ``mask`` bool broadcastable to ``(B, heads, n_q, n_k)``;
-    ``position_bias`` float ``(1, heads, n_q, n_k)``. Returns ``(B, n_q, d_model)``.
+    ``forward(x, k, v, bias=None)``: queries from ``x`` ``(B, n_q, d_model)``; keys and values
+    ``(B, heads, n_k, d_kv)`` from :meth:`keys_values` (kept apart so that a KV cache can store
+    them); ``bias`` float, broadcastable to ``(B, heads, n_q, n_k)``: the position bias with the
+    masked keys at the lowest float (:func:`attention_bias`). Returns ``(B, n_q, d_model)``.
+    ``fused`` runs PyTorch's fused kernel with ``scale=1.0``, otherwise the maths is written out;
+    both give the same result.
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_kv: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, num_heads: int, d_kv: int, dropout: float = 0.0,
+                 fused: bool = True) -> None:
         super().__init__()
-        self.num_heads, self.d_kv, self.dropout = num_heads, d_kv, dropout
+        self.num_heads, self.d_kv, self.dropout, self.fused = num_heads, d_kv, dropout, fused
         inner = num_heads * d_kv
         self.q = nn.Linear(d_model, inner, bias=False)
         self.k = nn.Linear(d_model, inner, bias=False)
@@ -126,15 +146,20 @@ class T5Attention(nn.Module):
         """``(B, n, d_model) -> k, v`` each ``(B, heads, n, d_kv)``."""
         return split_heads(self.k(x), self.num_heads), split_heads(self.v(x), self.num_heads)
 
-    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                position_bias: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
         q = split_heads(self.q(x), self.num_heads)  # (B, h, n_q, d_kv)
-        scores = q @ k.transpose(-2, -1)  # (B, h, n_q, n_k) — no division by √d_kv
-        if position_bias is not None:
-            scores = scores + position_bias
-        weights = masked_softmax(scores, mask)
-        weights = F.dropout(weights, self.dropout, self.training)
-        return self.o(merge_heads(weights.to(v.dtype) @ v))
+        p = self.dropout if self.training else 0.0
+        if self.fused:
+            if bias is not None:  # in fp16 the lowest float32 would become -inf: clamp it
+                bias = bias.to(q.dtype).clamp(min=torch.finfo(q.dtype).min)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
+        else:
+            scores = q @ k.transpose(-2, -1)  # (B, h, n_q, n_k) — no division by √d_kv
+            if bias is not None:
+                scores = scores + bias
+            weights = F.dropout(torch.softmax(scores.float(), dim=-1), p)
+            out = weights.to(v.dtype) @ v
+        return self.o(merge_heads(out))
 
 
 class GatedGELU(FeedForward):
@@ -169,65 +194,74 @@ class _LayerCache:
 class T5Block(nn.Module):
     """Pre-norm block: ``x + self_attn(norm(x))``, [``+ cross_attn(norm(x), memory)``], ``+ ffn(norm(x))``.
 
-    ``forward(x, mask, position_bias, memory=None, memory_mask=None, cache=None)``; the first
-    block of a stack also owns ``relative_bias``, which the stack evaluates once for all blocks.
+    ``forward(x, self_bias, memory=None, cross_bias=None, cache=None)``, biases as in
+    :class:`T5Attention`. The first block of a stack also owns ``relative_bias``, which the stack
+    evaluates once for all its blocks (``bidirectional`` in an encoder, causal in a decoder).
     """
 
-    def __init__(self, config: T5Config, is_decoder: bool, owns_bias: bool) -> None:
+    def __init__(self, config: T5Config, cross_attention: bool, owns_bias: bool,
+                 bidirectional: bool) -> None:
         super().__init__()
         c = config
-        self.is_decoder = is_decoder
         self.relative_bias = (T5RelativeBias(c.num_heads, c.num_buckets, c.max_distance,
-                                             bidirectional=not is_decoder) if owns_bias else None)
+                                             bidirectional=bidirectional) if owns_bias else None)
         self.norm_self = RMSNorm(c.d_model, eps=c.layer_norm_eps)
         self.self_attn = T5Attention(c.d_model, c.num_heads, c.d_kv, c.dropout)
-        if is_decoder:
-            self.norm_cross = RMSNorm(c.d_model, eps=c.layer_norm_eps)
-            self.cross_attn = T5Attention(c.d_model, c.num_heads, c.d_kv, c.dropout)
+        self.cross_attn = T5Attention(c.d_model, c.num_heads, c.d_kv, c.dropout) if cross_attention else None
+        self.norm_cross = RMSNorm(c.d_model, eps=c.layer_norm_eps) if cross_attention else None
         self.norm_ffn = RMSNorm(c.d_model, eps=c.layer_norm_eps)
         self.ffn = (GatedGELU(c.d_model, c.d_ff, c.dropout) if c.feed_forward == "gated-gelu"
                     else FeedForward(c.d_model, c.d_ff, "relu", c.dropout, bias=False))
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, position_bias: Tensor,
-                memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                cache: _LayerCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, self_bias: Tensor | None, memory: Tensor | None = None,
+                cross_bias: Tensor | None = None, cache: _LayerCache | None = None) -> Tensor:
         h = self.norm_self(x)
         k, v = self.self_attn.keys_values(h)
         if cache is not None:
             if cache.self_kv is not None:
                 k, v = torch.cat([cache.self_kv[0], k], dim=2), torch.cat([cache.self_kv[1], v], dim=2)
             cache.self_kv = (k, v)
-        x = x + self.dropout(self.self_attn(h, k, v, mask, position_bias))
-        if self.is_decoder:
+        x = x + self.dropout(self.self_attn(h, k, v, self_bias))
+        if self.cross_attn is not None:
             if cache is not None and cache.cross_kv is not None:
                 k, v = cache.cross_kv
             else:
                 k, v = self.cross_attn.keys_values(memory)
                 if cache is not None:
                     cache.cross_kv = (k, v)
-            x = x + self.dropout(self.cross_attn(self.norm_cross(x), k, v, memory_mask))
+            x = x + self.dropout(self.cross_attn(self.norm_cross(x), k, v, cross_bias))
         return x + self.dropout(self.ffn(self.norm_ffn(x)))
 
 
 class T5Stack(nn.Module):
-    """Blocks, a final RMS norm, dropout at both ends: ``(B, n, d_model) -> (B, n, d_model)``."""
+    """Blocks, a final RMS norm, dropout at both ends: ``(B, n, d_model) -> (B, n, d_model)``.
 
-    def __init__(self, config: T5Config, is_decoder: bool) -> None:
+    T5's encoder is ``T5Stack(config, num_layers, cross_attention=False, bidirectional=True)``,
+    its decoder ``cross_attention=True, bidirectional=False``; a decoder-only language model (or a
+    prefix LM) is ``cross_attention=False, bidirectional=False`` with a causal (prefix) mask.
+    """
+
+    def __init__(self, config: T5Config, num_layers: int, cross_attention: bool,
+                 bidirectional: bool) -> None:
         super().__init__()
-        n = config.num_decoder_layers if is_decoder else config.num_layers
-        self.blocks = nn.ModuleList(T5Block(config, is_decoder, owns_bias=i == 0) for i in range(n))
+        self.blocks = nn.ModuleList(T5Block(config, cross_attention, owns_bias=i == 0,
+                                            bidirectional=bidirectional) for i in range(num_layers))
         self.final_norm = RMSNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, memory: Tensor | None = None,
+    def forward(self, x: Tensor, mask: Tensor | None = None, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, caches: list[_LayerCache] | None = None,
                 past: int = 0) -> Tensor:
-        """``past`` positions are already cached: the ``n`` new queries sit at ``past .. past+n-1``."""
-        bias = self.blocks[0].relative_bias(x.shape[1], past + x.shape[1])  # (1, h, n, past+n), shared
+        """``x`` ``(B, n, d_model)``; ``mask`` bool broadcastable to ``(B, 1, n, past + n)`` (True = may
+        attend), ``memory_mask`` to ``(B, 1, n, S)``. ``past`` positions are already cached: the ``n``
+        new queries sit at ``past .. past+n-1``."""
+        position = self.blocks[0].relative_bias(x.shape[1], past + x.shape[1])  # (1, h, n, past+n)
+        self_bias = attention_bias(mask, position)  # computed once, shared by every block
+        cross_bias = attention_bias(memory_mask)
         x = self.dropout(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, bias, memory, memory_mask, None if caches is None else caches[i])
+            x = block(x, self_bias, memory, cross_bias, None if caches is None else caches[i])
         return self.dropout(self.final_norm(x))
 
 
@@ -271,8 +305,9 @@ class T5(nn.Module):
         super().__init__()
         self.config, self.pad_id = config, config.pad_id
         self.shared = nn.Embedding(config.vocab_size, config.d_model)
-        self.encoder = T5Stack(config, is_decoder=False)
-        self.decoder = T5Stack(config, is_decoder=True)
+        self.encoder = T5Stack(config, config.num_layers, cross_attention=False, bidirectional=True)
+        self.decoder = T5Stack(config, config.num_decoder_layers, cross_attention=True,
+                               bidirectional=False)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.reset_parameters()
         if config.tie_embeddings:
@@ -306,22 +341,20 @@ class T5(nn.Module):
                 nn.init.ones_(m.weight)
 
     @staticmethod
-    def _source_mask(shape: torch.Size, device: torch.device, attention_mask: Tensor | None) -> Tensor:
-        """The bool ``(batch, src_len)`` source mask, all True by default, checked."""
-        if attention_mask is None:
-            return torch.ones(shape, dtype=torch.bool, device=device)
-        if not isinstance(attention_mask, Tensor) or attention_mask.dtype != torch.bool \
-                or attention_mask.shape != shape:
+    def _source_mask(shape: torch.Size, attention_mask: Tensor | None) -> Tensor | None:
+        """Check a bool ``(batch, src_len)`` source mask (True on real tokens); None stays None."""
+        if attention_mask is not None and (not isinstance(attention_mask, Tensor)
+                                           or attention_mask.dtype != torch.bool
+                                           or attention_mask.shape != shape):
             raise ValueError(f"attention_mask must be bool (batch, src_len) = {tuple(shape)}, True on "
                              f"real tokens; got {getattr(attention_mask, 'shape', type(attention_mask))} "
                              f"{getattr(attention_mask, 'dtype', '')}")
-        return attention_mask
+        return None if attention_mask is None else attention_mask[:, None, None, :]  # (B, 1, 1, S)
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """``(B, S)`` ids -> memory ``(B, S, d_model)``; padded keys (mask False) are never read."""
         _check_ids(input_ids, "input_ids")
-        mask = self._source_mask(input_ids.shape, input_ids.device, attention_mask)
-        return self.encoder(self.shared(input_ids), mask[:, None, None, :])
+        return self.encoder(self.shared(input_ids), self._source_mask(input_ids.shape, attention_mask))
 
     def decode(self, decoder_input_ids: Tensor, memory: Tensor, attention_mask: Tensor | None = None,
                caches: list[_LayerCache] | None = None, past: int = 0) -> Tensor:
@@ -334,11 +367,10 @@ class T5(nn.Module):
         if memory.dim() != 3 or memory.shape[0] != decoder_input_ids.shape[0]:
             raise ValueError(f"memory must be (batch={decoder_input_ids.shape[0]}, src_len, d_model), "
                              f"got {tuple(memory.shape)}")
-        mask = self._source_mask(memory.shape[:2], memory.device, attention_mask)
+        memory_mask = self._source_mask(memory.shape[:2], attention_mask)
         n = decoder_input_ids.shape[1]
         causal = _causal(n, past + n, decoder_input_ids.device)
-        x = self.decoder(self.shared(decoder_input_ids), causal, memory, mask[:, None, None, :],
-                         caches, past)
+        x = self.decoder(self.shared(decoder_input_ids), causal, memory, memory_mask, caches, past)
         if self.config.rescale_output:
             x = x * self.config.d_model ** -0.5
         return self.lm_head(x)
@@ -418,7 +450,8 @@ class T5Stepper:
         if attention_mask is None:
             attention_mask = src != model.pad_id
         self.model, self.use_cache = model, use_cache
-        self.mask = model._source_mask(src.shape, src.device, attention_mask)
+        model._source_mask(src.shape, attention_mask)  # checks it
+        self.mask = attention_mask
         self.memory = model.encode(src, self.mask)  # (N, S, d_model)
         self.caches = [_LayerCache() for _ in model.decoder.blocks] if use_cache else None
         self.seen = 0
