@@ -84,12 +84,17 @@ def test_feedforward_bad_input():
 
 
 # --------------------------------------------------------------------------- LayerNorm
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
-def test_layer_norm_matches_pytorch(bias):
+def test_layer_norm_matches_pytorch(bias, fused):
     theirs = _randomise_norms(nn.LayerNorm(D, eps=1e-3, bias=bias))
     ours = LayerNorm.from_torch(theirs)
-    x = 4 * torch.randn(3, 5, D) + 2
+    ours.fused = fused  # F.layer_norm, or the formula written out
+    x = (4 * torch.randn(3, 5, D) + 2).requires_grad_()
     torch.testing.assert_close(ours(x), theirs(x))
+    grad_ours, = torch.autograd.grad(ours(x).pow(2).sum(), x)
+    grad_theirs, = torch.autograd.grad(theirs(x).pow(2).sum(), x)
+    torch.testing.assert_close(grad_ours, grad_theirs)
     assert ours.eps == 1e-3 and (ours.bias is None) == (not bias)
 
 
