@@ -74,7 +74,8 @@ def draw_projection(num_features: int, dim: int, orthogonal: bool = True,
     return omega.to(device=device, dtype=dtype)
 
 
-def positive_random_features(x: Tensor, projection: Tensor, is_query: bool) -> Tensor:
+def positive_random_features(x: Tensor, projection: Tensor, is_query: bool,
+                             stabilise: bool = True) -> Tensor:
     """φ(x) = exp(ω·x' − ‖x'‖²/2 − c) / √m with x' = x · d^(−1/4); ``(..., n, d) → (..., n, m)``.
 
     ``projection`` is ``(m, d)``, or ``(..., m, d)`` broadcasting against x's leading dims (an
@@ -86,11 +87,15 @@ def positive_random_features(x: Tensor, projection: Tensor, is_query: bool) -> T
     both cancel in the normalised attention. Keeping −‖x'‖²/2 *inside* the maximum matters: for a
     large-norm query every exp(ω·x' − c − ‖x'‖²/2) would otherwise underflow to 0 in float32 and
     the row would come out all zeros; this way its largest feature is exactly 1/√m.
+    ``stabilise=False`` gives the textbook formula (c = 0): then φ(q)·φ(k) is an unbiased estimate
+    of exp(q·k/√d) itself.
     """
     dim, m = x.shape[-1], projection.shape[-2]
     x = x * dim ** -0.25
     logits = x @ projection.transpose(-2, -1)  # (..., n, m)
     exponent = logits - (x * x).sum(-1, keepdim=True) / 2  # ω·x' − ‖x'‖²/2
+    if not stabilise:
+        return torch.exp(exponent) / math.sqrt(m)
     if is_query:
         stabiliser = exponent.amax(dim=-1, keepdim=True)  # per row: cancels in D⁻¹
     else:
