@@ -8,6 +8,8 @@ the byte table, the pre-tokenisation and the rank-based merging all match GPT-2'
 import pytest
 
 from tfm_course.data import corpus
+
+pytestmark = pytest.mark.hf  # CI runs these in the book's environment, which has Hugging Face's libraries
 from tfm_course.tokenizers import BPETokenizer
 
 EXTRA = ["Hello  world\n\n  x", "héllo 😀 中文 it's WE'LL I'd 12345 3.14", "\t\ttabs\r\n", "   ", "a\u00a0b"]
@@ -30,7 +32,6 @@ def test_rust_tokenizers_library_gives_the_same_ids(saved):
     assert not mismatched, mismatched[:3]
 
 
-@pytest.mark.hf
 def test_transformers_gpt2_tokenizer_gives_the_same_ids(saved):
     transformers = pytest.importorskip("transformers")
     tok, vocab_path, merges_path = saved

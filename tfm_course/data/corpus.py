@@ -153,7 +153,16 @@ def strip_licence(text: str) -> tuple[str, int]:
     return "\n\n".join(kept).strip(), len(paragraphs) - len(kept)
 
 
-def _collect(root: Path) -> tuple[list[Docstring], dict[str, int]]:
+_collected: dict[Path, tuple[list[Docstring], dict[str, int]]] = {}  # what collect() found, by root
+
+
+def collect(root: Path | None = None) -> tuple[list[Docstring], dict[str, int]]:
+    """Parse every source file and filter the docstrings, without any cache: ``(documents, report)``.
+
+    The result also seeds this process's in-memory cache, so timing a fresh collection does not
+    make the next :func:`documents` call parse everything again.
+    """
+    root = stdlib_root() if root is None else Path(root)
     files = source_files(root)
     report = dict.fromkeys(["source files", "unparsable files", "docstrings found", "characters found",
                             "licence paragraphs removed", "licence characters removed",
@@ -187,6 +196,7 @@ def _collect(root: Path) -> tuple[list[Docstring], dict[str, int]]:
                 kept.append(Docstring(module, name, cleaned))
     report["docstrings kept"] = len(kept)
     report["characters kept"] = sum(len(d.text) for d in kept)
+    _collected[root] = (list(kept), dict(report))
     return kept, report
 
 
@@ -210,7 +220,7 @@ def _corpus() -> tuple[tuple[Docstring, ...], dict[str, int]]:
             return tuple(Docstring(*d) for d in data["documents"]), data["report"]
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a damaged cache file: collect again
-    docs, report = _collect(root)
+    docs, report = _collected.get(root) or collect(root)
     if cached is not None:
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)

@@ -30,19 +30,32 @@ def train_bpe_naive(documents: Iterable[str], vocab_size: int, special_tokens: l
     tokens = [bytes([i]) for i in range(256)]
     merges: list[tuple[bytes, bytes]] = []
     while len(tokens) < vocab_size - len(specials):
-        stats: Counter[tuple[int, int]] = Counter()
-        for ids in chunks:
-            stats.update(zip(ids, ids[1:]))
-        if not stats:
+        step = naive_merge_step(chunks, tokens)
+        if step is None:
             break
-        a, b = max(stats, key=lambda pair: (stats[pair], tokens[pair[0]], tokens[pair[1]]))
-        merged = tokens[a] + tokens[b]
-        new = tokens.index(merged) if merged in tokens else len(tokens)
-        if new == len(tokens):
-            tokens.append(merged)
-        merges.append((tokens[a], tokens[b]))
-        chunks = [_merge_word(ids, a, b, new) for ids in chunks]
+        chunks, merge = step
+        merges.append(merge)
     vocab = dict(enumerate(tokens))
     for token in specials:
         vocab[len(vocab)] = token.encode("utf-8")
     return vocab, merges
+
+
+def naive_merge_step(chunks: list[list[int]], tokens: list[bytes]
+                     ) -> tuple[list[list[int]], tuple[bytes, bytes]] | None:
+    """One merge, the slow way: count every pair of every chunk, merge the winner everywhere.
+
+    ``tokens`` (id -> bytes) grows by the new token unless it already exists. Returns the new
+    chunks and the merge, or None when no pair is left.
+    """
+    stats: Counter[tuple[int, int]] = Counter()
+    for ids in chunks:
+        stats.update(zip(ids, ids[1:]))
+    if not stats:
+        return None
+    a, b = max(stats, key=lambda pair: (stats[pair], tokens[pair[0]], tokens[pair[1]]))
+    merged = tokens[a] + tokens[b]
+    new = tokens.index(merged) if merged in tokens else len(tokens)
+    if new == len(tokens):
+        tokens.append(merged)
+    return [_merge_word(ids, a, b, new) for ids in chunks], (tokens[a], tokens[b])
