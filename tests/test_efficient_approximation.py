@@ -77,3 +77,19 @@ def test_segment_mean_projection_averages_consecutive_segments():
 def test_bad_inputs_raise(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_both_kernel_estimates_are_unbiased_but_only_positive_ones_stay_positive():
+    from tfm_course.efficient.approximation import kernel_estimates
+    g = torch.Generator().manual_seed(0)
+    direction = torch.nn.functional.normalize(torch.randn(2, 8, generator=g, dtype=torch.float64), dim=-1)
+    x = direction[:1].repeat(2, 1) * 1.5
+    y = torch.stack([-direction[0] * 1.5, direction[1] * 0.2])  # x·y = −2.25 (small kernel), ~0
+    exact = torch.exp((x * y).sum(-1))
+    pos = kernel_estimates(x, y, 16, draws=300, kind="positive")
+    trig = kernel_estimates(x, y, 16, draws=300, kind="trigonometric")
+    for est in (pos, trig):  # unbiased: the mean of 300 draws is within 4 standard errors
+        assert bool(((est.mean(0) - exact).abs() <= 4 * est.std(0) / 300 ** 0.5 + 1e-12).all())
+    assert bool((pos > 0).all())
+    assert float((trig[:, 0] < 0).float().mean()) > 0.2  # near-zero kernel: often negative
+    assert float(trig[:, 0].std()) > 3 * float(pos[:, 0].std())  # and far noisier

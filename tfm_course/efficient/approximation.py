@@ -9,7 +9,9 @@ and returns the relative error of one approximation per draw:
 * :func:`linformer_error` — the Linformer output with a fixed projection E = F (segment means, or
   the random Gaussian projection of the paper's analysis) vs the exact output, as a function of k;
 * :func:`low_rank_error` — the best any rank-k matrix can do (Eckart–Young, from the singular
-  values): Linformer's premise, for random or *trained* attention weights.
+  values): Linformer's premise, for random or *trained* attention weights;
+* :func:`kernel_estimates` — single estimates of exp(x·y) by positive or trigonometric random
+  features, to see why FAVOR+ uses positive ones.
 
 The relative error is ``‖Â − A‖_F / ‖A‖_F`` per draw. Nothing here trains anything.
 """
@@ -25,7 +27,8 @@ from .linformer import linformer_attention
 from .performer import draw_projection, positive_random_features
 
 __all__ = ["random_qkv", "performer_error", "linformer_error", "low_rank_error",
-           "segment_mean_projection", "relative_error"]
+           "segment_mean_projection", "relative_error", "trigonometric_random_features",
+           "kernel_estimates"]
 
 
 def random_qkv(n: int, d: int, logit_std: float, draws: int = 4, seed: int = 0,
@@ -131,3 +134,43 @@ def low_rank_error(weights: Tensor, rank: int) -> Tensor:
         raise ValueError(f"rank must be non-negative, got {rank}")
     energy = torch.linalg.svdvals(weights.double()).square()  # (..., min(n_q, n_k)), descending
     return (energy[..., rank:].sum(-1) / energy.sum(-1)).sqrt().to(weights.dtype)
+
+
+def trigonometric_random_features(x: Tensor, projection: Tensor) -> Tensor:
+    """φ(x) = exp(‖x‖²/2) [sin(ω·x), cos(ω·x)] / √m: ``(..., d) → (..., 2m)``, projection ``(m, d)``.
+
+    Random Fourier features (Rahimi & Recht, 2007) for the softmax kernel: φ(x)·φ(y) averages
+    exp((‖x‖² + ‖y‖²)/2) cos(ω·(x − y)), whose expectation is exp(x·y) — but single terms can be
+    negative, so the estimate of a small exp(x·y) can be negative or far off.
+    """
+    angles = x @ projection.transpose(-2, -1)
+    scale = torch.exp((x * x).sum(-1, keepdim=True) / 2) / math.sqrt(projection.shape[-2])
+    return scale * torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+
+
+def kernel_estimates(x: Tensor, y: Tensor, num_features: int, draws: int = 200,
+                     kind: str = "positive", orthogonal: bool = False, seed: int = 0) -> Tensor:
+    """``(draws, p)`` estimates of exp(x_i · y_i) for ``p`` pairs, x and y ``(p, d)``, one fresh
+    projection of ``num_features`` rows per draw. No 1/√d scaling: the kernel itself.
+
+    ``kind``: ``"positive"`` (FAVOR+, :func:`positive_random_features` with ``stabilise=False``)
+    or ``"trigonometric"`` (:func:`trigonometric_random_features`). Both are unbiased; compare
+    their spread (and sign) where exp(x·y) is small.
+    """
+    if kind not in ("positive", "trigonometric"):
+        raise ValueError(f"kind must be 'positive' or 'trigonometric', got {kind!r}")
+    if x.dim() != 2 or x.shape != y.shape:
+        raise ValueError(f"x and y must both be (pairs, d); got {tuple(x.shape)} and {tuple(y.shape)}")
+    d = x.shape[-1]
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(draws):
+        omega = draw_projection(num_features, d, orthogonal, g, x.device, x.dtype)
+        if kind == "positive":  # positive_random_features scales by d^(-1/4): undo it
+            phi_x = positive_random_features(x * d ** 0.25, omega, True, stabilise=False)
+            phi_y = positive_random_features(y * d ** 0.25, omega, False, stabilise=False)
+        else:
+            phi_x = trigonometric_random_features(x, omega)
+            phi_y = trigonometric_random_features(y, omega)
+        out.append((phi_x * phi_y).sum(-1))
+    return torch.stack(out)
