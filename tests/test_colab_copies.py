@@ -34,7 +34,7 @@ def test_colab_copy_holds_no_myst(path):
     for cell in notebook["cells"]:
         if cell["cell_type"] == "markdown":
             text = "".join(cell["source"])
-            left = [match.group(0) for match in m2m.MYST_LEFT.finditer(text)]
+            left = m2m.myst_left(text)
             assert not left, f"{path.name}: MyST left in the Colab copy: {left[:3]}"
 
 
@@ -48,6 +48,13 @@ def test_colab_copy_opens_with_a_link_to_the_book_page(path):
 
 def test_glued_number_becomes_its_name():
     assert convert("took {glue:text}`rnn_ms:.1f` ms, {glue}`n_max` steps") == "took `rnn_ms` ms, `n_max` steps"
+
+
+def test_braces_inside_inline_code_are_not_a_role():
+    text = "the pattern `\\p{L}` matches letters; `{x}`y is code, and {glue:text}`n` is a role"
+    assert convert(text) == "the pattern `\\p{L}` matches letters; `{x}`y is code, and `n` is a role"
+    assert m2m.myst_left("code `{doc}`x`` here") == []
+    assert m2m.myst_left("left {doc}`x` here") == ["{doc}`x`"]
 
 
 def test_citations_become_author_year():
@@ -115,7 +122,7 @@ def test_unsupported_myst_is_an_error_not_a_silent_copy():
 
 # --------------------------------------------------------------------------- chapter imports
 COLAB_PREINSTALLED = {"torch", "numpy", "matplotlib", "tqdm", "ipywidgets", "pandas", "IPython"}
-OPTIONAL_REFERENCES = {"transformers"}  # preinstalled on Colab; a chapter may use it only guarded
+OPTIONAL_REFERENCES = {"transformers", "tokenizers"}  # preinstalled on Colab; a chapter uses them only guarded
 
 
 def _imports(tree: ast.AST):

@@ -181,6 +181,30 @@ def doc_link(argument: str, source: Path) -> str:
 
 
 # --------------------------------------------------------------------------- roles
+def _spans(line: str):
+    """Split ``line`` into (text, is_role) pieces, left to right as MyST reads it: a role is
+    ``{name}`` followed by a backtick span; any other backtick span is inline code, kept verbatim
+    (so `` `\\p{L}` `` in code is not a role)."""
+    pos, plain = 0, ""
+    while pos < len(line):
+        role = ROLE.match(line, pos)
+        if role:
+            yield plain, False
+            yield role.group(0), True
+            plain, pos = "", role.end()
+            continue
+        ticks = re.compile(r"`+").match(line, pos)
+        if ticks:
+            closing = line.find(ticks.group(0), ticks.end())
+            end = closing + len(ticks.group(0)) if closing >= 0 else ticks.end()
+            plain += line[pos:end]
+            pos = end
+            continue
+        plain += line[pos]
+        pos += 1
+    yield plain, False
+
+
 def convert_roles(line: str, source: Path, cited: list[str]) -> str:
     def replace(match: re.Match) -> str:
         role, argument = match.group(1), match.group(2)
@@ -192,7 +216,12 @@ def convert_roles(line: str, source: Path, cited: list[str]) -> str:
         if role == "doc":
             return doc_link(argument, source)
         raise ValueError(f"{source.name}: unsupported MyST role {{{role}}} in {line.strip()[:80]!r}")
-    return ROLE.sub(replace, line)
+    return "".join(ROLE.sub(replace, text) if is_role else text for text, is_role in _spans(line))
+
+
+def roles_left(text: str) -> list[str]:
+    """The MyST roles still in ``text`` (inline code ignored)."""
+    return [piece for line in text.split("\n") for piece, is_role in _spans(line) if is_role]
 
 
 # --------------------------------------------------------------------------- blocks
@@ -288,5 +317,10 @@ def to_markdown(text: str, source: Path, cited: list[str] | None = None) -> str:
     return "\n".join(convert_lines(text.split("\n"), source, cited))
 
 
-# What a converted cell may no longer contain (checked by tests/test_colab_copies.py).
-MYST_LEFT = re.compile(r"\{[A-Za-z][\w:+-]*\}`|^\s*(`{3,}|:{3,})\{|^\s*\([\w-]+\)=\s*$|^:[\w-]+:", re.M)
+# What a converted cell may no longer contain besides roles (checked by tests/test_colab_copies.py).
+MYST_BLOCKS_LEFT = re.compile(r"^\s*(`{3,}|:{3,})\{|^\s*\([\w-]+\)=\s*$|^:[\w-]+:", re.M)
+
+
+def myst_left(text: str) -> list[str]:
+    """MyST roles, directives, targets and directive options left in converted ``text``."""
+    return roles_left(text) + [m.group(0) for m in MYST_BLOCKS_LEFT.finditer(text)]
