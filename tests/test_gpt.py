@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
+from cuda_helpers import fp32_matmuls, needs_cuda
 from tfm_course.attention import kv_cache_bytes
 from tfm_course.bench import count_flops
+import tfm_course.decoding as decoding
 from tfm_course.decoding import beam_search
 from tfm_course.models.gpt import GPT, GPTConfig, KVCache, Recompute
 
@@ -266,3 +268,39 @@ def test_a_short_training_run_learns_a_sequence_rule():
         held_out = model(*batch(256))[1].item()
     floor = math.log(4) / (T - 1)  # the data's own uncertainty per predicted token
     assert floor - 0.01 < held_out < 0.25 * math.log(V), held_out
+
+
+# --------------------------------------------------------------------------- on a GPU
+@needs_cuda
+def test_on_cuda_cache_equals_recompute_and_logits_equal_the_cpu(monkeypatch):
+    model = _model()
+    ids = _ids(3, 10)
+    with fp32_matmuls(), torch.no_grad():
+        want = model(ids)[0]
+        model = model.cuda()
+        got = model(ids.cuda())[0]
+    torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    prompt = ids.cuda()[:, :4]
+    for sampling in (dict(temperature=0.0), dict(temperature=0.9, top_k=8, top_p=0.9)):
+        outs = [model.generate(prompt, 20, use_cache=use_cache,
+                               generator=torch.Generator("cuda").manual_seed(0), **sampling)
+                for use_cache in (True, False)]
+        assert outs[0].device.type == "cuda" and torch.equal(outs[0], outs[1])
+    eos = int(outs[0][0, 6])
+    stopped = model.generate(prompt, 20, temperature=0.0, eos_id=eos)  # looks every 8 steps
+    monkeypatch.setattr(decoding, "_checks_every", lambda device: 1)
+    assert torch.equal(stopped, model.generate(prompt, 20, temperature=0.0, eos_id=eos))
+
+
+@needs_cuda
+def test_on_cuda_a_training_step_under_autocast_is_finite():
+    from tfm_course.device import autocast_dtype
+
+    model = _model(sharpen=False).cuda().train()
+    dtype = autocast_dtype(torch.device("cuda"))
+    ids = _ids(4, 24).cuda()
+    with torch.autocast("cuda", dtype=dtype):
+        logits, loss = model(ids[:, :-1], ids[:, 1:])
+    assert logits.dtype == dtype
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
