@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import tfm_course.decoding as decoding
+from cuda_helpers import needs_cuda
 from tfm_course.attention import kv_cache_bytes
 from tfm_course.decoding import (beam_decode, beam_search, generate, greedy_decode, greedy_search,
                                  length_penalty, sample, top_k_filter, top_p_filter)
@@ -409,3 +410,17 @@ def test_generate_bad_input():
         generate(stepper, torch.ones(2, 1, dtype=torch.long), -1)
     with pytest.raises(ValueError, match=r"\(batch=2, V\)"):
         generate(lambda p: torch.zeros(5), torch.ones(2, 1, dtype=torch.long), 3)
+
+
+@needs_cuda
+def test_on_cuda_decoding_is_the_same_with_or_without_cache_and_with_late_end_checks(monkeypatch):
+    model, src = _model().cuda(), _src().cuda()
+    got = {}
+    for every in (8, 1):  # 8: the GPU default, a host sync every 8 steps; 1: every step
+        monkeypatch.setattr(decoding, "_checks_every", lambda device, every=every: every)
+        got[every] = [greedy_decode(model, src, BOS, EOS, 10, use_cache=c) for c in (True, False)]
+        got[every] += [beam_decode(model, src, BOS, EOS, 10, beam_size=3, use_cache=c)[0]
+                       for c in (True, False)]
+    for a, b in zip(got[8], got[1]):
+        assert a.device.type == "cuda" and torch.equal(a, b)
+    assert torch.equal(got[8][0], got[8][1]) and torch.equal(got[8][2], got[8][3])
