@@ -6,7 +6,8 @@
 * :mod:`~tfm_course.efficient.sparse` — window / global / random masks (Longformer, BigBird);
 * :mod:`~tfm_course.efficient.retnet` — retention: parallel, recurrent and chunkwise forms;
 * :mod:`~tfm_course.efficient.mamba` — the selective scan (S6) and the Mamba block;
-* :mod:`~tfm_course.efficient.approximation` — how far Performer / Linformer are from softmax.
+* :mod:`~tfm_course.efficient.approximation` — how far Performer / Linformer are from softmax;
+* :mod:`~tfm_course.efficient.mixers` — any of them as a drop-in self-attention layer.
 
 Each module reads on its own; :mod:`tfm_course.bench` measures them side by side.
 """
