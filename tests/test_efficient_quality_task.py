@@ -1,4 +1,4 @@
-"""The quality-at-equal-time pieces: the scattered-recall task, the mixers, the recall classifier."""
+"""The quality-at-equal-time pieces: the scattered-recall task, the attention layers, the classifier."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from tfm_course.data.scattered_recall import IGNORE, scattered_recall
 from tfm_course.device import one_cpu_thread
-from tfm_course.efficient.mixers import MIXERS, MaskedSelfAttention, make_mixer
+from tfm_course.efficient.attention_layers import ATTENTION_KINDS, MaskedSelfAttention, make_attention
 from tfm_course.models.recall_classifier import RecallClassifier
 from tfm_course.train import train
 
@@ -51,18 +51,18 @@ def test_task_bad_settings_raise(kwargs, match):
         scattered_recall(2, **kwargs)
 
 
-# --------------------------------------------------------------------------- the mixers
-@pytest.mark.parametrize("kind", MIXERS)
-def test_every_mixer_maps_batch_n_d_to_the_same_shape_up_to_seq_len(kind):
+# --------------------------------------------------------------------------- the attention layers
+@pytest.mark.parametrize("kind", ATTENTION_KINDS)
+def test_every_attention_maps_batch_n_d_to_the_same_shape_up_to_seq_len(kind):
     torch.manual_seed(0)
-    mixer = make_mixer(kind, 16, 2, seq_len=24, window=3, k=8, num_features=8)
+    layer = make_attention(kind, 16, 2, seq_len=24, window=3, k=8, num_features=8)
     for n in (24, 17):
-        assert mixer(torch.randn(3, n, 16)).shape == (3, n, 16)
+        assert layer(torch.randn(3, n, 16)).shape == (3, n, 16)
 
 
 def test_naive_and_fused_softmax_are_the_same_function():
     torch.manual_seed(0)
-    fused, naive = make_mixer("softmax", 16, 2, 20), make_mixer("softmax-naive", 16, 2, 20)
+    fused, naive = make_attention("softmax", 16, 2, 20), make_attention("softmax-naive", 16, 2, 20)
     naive.load_state_dict(fused.state_dict())
     x = torch.randn(2, 20, 16)
     torch.testing.assert_close(naive(x), fused(x), atol=1e-5, rtol=1e-5)
@@ -70,36 +70,36 @@ def test_naive_and_fused_softmax_are_the_same_function():
 
 def test_a_window_wider_than_the_input_is_softmax_and_a_narrow_one_is_local():
     torch.manual_seed(0)
-    full, wide = make_mixer("softmax", 16, 2, 20), make_mixer("window", 16, 2, 20, window=25)
+    full, wide = make_attention("softmax", 16, 2, 20), make_attention("window", 16, 2, 20, window=25)
     wide.attn.load_state_dict(full.state_dict())
     x = torch.randn(2, 20, 16)
     torch.testing.assert_close(wide(x), full(x), atol=1e-5, rtol=1e-5)
-    narrow = make_mixer("window", 16, 2, 20, window=2)
+    narrow = make_attention("window", 16, 2, 20, window=2)
     y = x.clone()
     y[:, 15:] = torch.randn(2, 5, 16)  # change positions 15..19
     torch.testing.assert_close(narrow(y)[:, :13], narrow(x)[:, :13])  # 12 + 2 < 15: unaffected
     assert not torch.allclose(narrow(y)[:, 13], narrow(x)[:, 13])
 
 
-def test_mixers_share_the_projections_so_only_the_mixing_differs():
-    counts = {kind: sum(p.numel() for p in make_mixer(kind, 32, 4, 64, k=8).parameters())
-              for kind in MIXERS}
+def test_attention_layers_share_the_projections_so_only_the_mixing_differs():
+    counts = {kind: sum(p.numel() for p in make_attention(kind, 32, 4, 64, k=8).parameters())
+              for kind in ATTENTION_KINDS}
     assert len({counts[k] for k in ("softmax", "softmax-naive", "window", "performer")}) == 1
     assert counts["linformer"] == counts["softmax"] + 2 * 8 * 64  # E and F
 
 
-def test_mixer_bad_inputs_raise():
+def test_attention_layer_bad_inputs_raise():
     with pytest.raises(ValueError, match="kind must be one of"):
-        make_mixer("reformer", 16, 2, 20)
+        make_attention("reformer", 16, 2, 20)
     with pytest.raises(ValueError, match="exceeds the mask's 20"):
-        make_mixer("window", 16, 2, 20)(torch.randn(1, 21, 16))
+        make_attention("window", 16, 2, 20)(torch.randn(1, 21, 16))
     with pytest.raises(ValueError, match="seq_len, seq_len"):
         MaskedSelfAttention(16, 2, torch.ones(3, 4, dtype=torch.bool))
 
 
 # --------------------------------------------------------------------------- the model
 def test_classifier_gives_one_distribution_per_position_and_rejects_bad_inputs():
-    model = RecallClassifier(num_keys=12, num_values=5, seq_len=30, mixer="performer", d_model=16,
+    model = RecallClassifier(num_keys=12, num_values=5, seq_len=30, attention="performer", d_model=16,
                              num_heads=2, num_layers=2, num_features=8)
     b = scattered_recall(3, length=30, num_records=4, num_queries=4, num_keys=12, num_values=5)
     assert model(b.keys, b.values).shape == (3, 30, 5)
@@ -109,10 +109,10 @@ def test_classifier_gives_one_distribution_per_position_and_rejects_bad_inputs()
         model(torch.zeros(1, 31, dtype=torch.long), torch.zeros(1, 31, dtype=torch.long))
 
 
-def _train_and_score(mixer: str, steps: int, **options) -> float:
+def _train_and_score(attention: str, steps: int, **options) -> float:
     torch.manual_seed(0)
     task = dict(length=48, num_records=4, num_queries=16, num_keys=16, num_values=8)
-    model = RecallClassifier(16, 8, 48, mixer, d_model=32, num_heads=2, **options)
+    model = RecallClassifier(16, 8, 48, attention, d_model=32, num_heads=2, **options)
     g = torch.Generator().manual_seed(0)
 
     def loss(m, b):

@@ -1,36 +1,37 @@
 """A tiny non-causal Transformer for the scattered-recall task, with a pluggable attention.
 
-    model = RecallClassifier(num_keys=64, num_values=16, seq_len=256, mixer="performer")
+    model = RecallClassifier(num_keys=64, num_values=16, seq_len=256, attention="performer")
     logits = model(batch.keys, batch.values)              # (batch, n, num_values)
 
 Input: every position has a key and a value (:mod:`tfm_course.data.scattered_recall`); their two
-embeddings are added. Then ``num_layers`` Pre-LN blocks ``x + mix(norm(x))``, ``x + ffn(norm(x))``
-whose token mixer comes from :func:`tfm_course.efficient.mixers.make_mixer`, a final LayerNorm and
+embeddings are added. Then ``num_layers`` Pre-LN blocks ``x + attn(norm(x))``, ``x + ffn(norm(x))``
+whose attention comes from :func:`tfm_course.efficient.attention_layers.make_attention`, a final
+LayerNorm and
 a linear read-out of a value class at every position (the loss only looks at query positions).
 No position embedding: the task is a lookup by content, and softmax attention needs none.
-Only the mixer changes between variants, so a comparison changes one thing.
+Only the attention changes between variants, so a comparison changes one thing.
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..efficient.mixers import make_mixer
+from ..efficient.attention_layers import make_attention
 from ..layers import FeedForward, LayerNorm
 
-__all__ = ["RecallClassifier", "MixerBlock"]
+__all__ = ["RecallClassifier", "AttentionBlock"]
 
 
-class MixerBlock(nn.Module):
-    """Pre-LN block: ``x + mixer(norm1(x))`` then ``x + ffn(norm2(x))``; ``(batch, n, d)`` in and out."""
+class AttentionBlock(nn.Module):
+    """Pre-LN block: ``x + attn(norm1(x))`` then ``x + ffn(norm2(x))``; ``(batch, n, d)`` in and out."""
 
-    def __init__(self, d_model: int, mixer: nn.Module, d_ff: int) -> None:
+    def __init__(self, d_model: int, attn: nn.Module, d_ff: int) -> None:
         super().__init__()
-        self.norm1, self.mixer = LayerNorm(d_model), mixer
+        self.norm1, self.attn = LayerNorm(d_model), attn
         self.norm2, self.ffn = LayerNorm(d_model), FeedForward(d_model, d_ff, activation="gelu")
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.mixer(self.norm1(x))
+        x = x + self.attn(self.norm1(x))
         return x + self.ffn(self.norm2(x))
 
 
@@ -41,21 +42,21 @@ class RecallClassifier(nn.Module):
         num_keys, num_values: as in :func:`tfm_course.data.scattered_recall.scattered_recall`
             (the embeddings add the filler key, and the blank and filler values).
         seq_len: the longest input (Linformer and the window mask are built for it).
-        mixer: a kind from :data:`tfm_course.efficient.mixers.MIXERS`; ``mixer_options`` are
-            passed on (``window``, ``k``, ``num_features``).
+        attention: a kind from :data:`tfm_course.efficient.attention_layers.ATTENTION_KINDS`;
+            ``attention_options`` are passed on (``window``, ``k``, ``num_features``).
         d_model, num_heads, num_layers, d_ff (default 2·d_model): the usual sizes.
     """
 
-    def __init__(self, num_keys: int, num_values: int, seq_len: int, mixer: str = "softmax",
+    def __init__(self, num_keys: int, num_values: int, seq_len: int, attention: str = "softmax",
                  d_model: int = 64, num_heads: int = 4, num_layers: int = 1,
-                 d_ff: int | None = None, **mixer_options: int) -> None:
+                 d_ff: int | None = None, **attention_options: int) -> None:
         super().__init__()
         self.num_keys, self.num_values, self.seq_len = num_keys, num_values, seq_len
         self.key_embedding = nn.Embedding(num_keys + 1, d_model)  # + filler
         self.value_embedding = nn.Embedding(num_values + 2, d_model)  # + blank, filler
         self.blocks = nn.ModuleList(
-            MixerBlock(d_model, make_mixer(mixer, d_model, num_heads, seq_len, **mixer_options),
-                       d_ff or 2 * d_model)
+            AttentionBlock(d_model, make_attention(attention, d_model, num_heads, seq_len,
+                                                   **attention_options), d_ff or 2 * d_model)
             for _ in range(num_layers))
         self.norm = LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_values)

@@ -1,6 +1,6 @@
-"""Interchangeable self-attention layers ("token mixers"), so one model can try each variant.
+"""Interchangeable non-causal self-attention layers, so one model can try each variant.
 
-``make_mixer(kind, d_model, num_heads, seq_len, ...)`` returns a module mapping
+``make_attention(kind, d_model, num_heads, seq_len, ...)`` returns a module mapping
 ``(batch, n, d_model) → (batch, n, d_model)``, n ≤ seq_len, non-causal:
 
 * ``"softmax"`` — exact attention through PyTorch's fused kernel (:class:`MultiHeadAttention`);
@@ -12,7 +12,8 @@
 * ``"performer"`` — FAVOR+ with ``num_features`` positive orthogonal random features.
 
 All five have the same q, k, v and output projections (4·d² weights + biases); Linformer adds its
-E and F (2·k·seq_len).
+E and F (2·k·seq_len). (The causal mixers with a generation state, for chapter 11's language
+models, are in :mod:`tfm_course.models.mixers`.)
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from .linformer import LinformerSelfAttention
 from .performer import PerformerAttention
 from .sparse import sliding_window_mask
 
-__all__ = ["MIXERS", "make_mixer", "MaskedSelfAttention"]
+__all__ = ["ATTENTION_KINDS", "make_attention", "MaskedSelfAttention"]
 
-MIXERS = ("softmax", "softmax-naive", "window", "linformer", "performer")
+ATTENTION_KINDS = ("softmax", "softmax-naive", "window", "linformer", "performer")
 
 
 class MaskedSelfAttention(nn.Module):
@@ -49,9 +50,9 @@ class MaskedSelfAttention(nn.Module):
         return self.attn(x, mask=self.mask[:n, :n])
 
 
-def make_mixer(kind: str, d_model: int, num_heads: int, seq_len: int, *, window: int = 16,
-               k: int = 64, num_features: int = 64) -> nn.Module:
-    """A self-attention module of the given ``kind`` (one of :data:`MIXERS`).
+def make_attention(kind: str, d_model: int, num_heads: int, seq_len: int, *, window: int = 16,
+                   k: int = 64, num_features: int = 64) -> nn.Module:
+    """A self-attention module of the given ``kind`` (one of :data:`ATTENTION_KINDS`).
 
     ``window``: half-width of the sliding window; ``k``: Linformer's projected length;
     ``num_features``: Performer's m. ``seq_len`` is the longest input (Linformer's E, F and the
@@ -67,4 +68,4 @@ def make_mixer(kind: str, d_model: int, num_heads: int, seq_len: int, *, window:
         return LinformerSelfAttention(d_model, num_heads, seq_len, k=k)
     if kind == "performer":
         return PerformerAttention(d_model, num_heads, num_features=num_features)
-    raise ValueError(f"kind must be one of {MIXERS}, got {kind!r}")
+    raise ValueError(f"kind must be one of {ATTENTION_KINDS}, got {kind!r}")
