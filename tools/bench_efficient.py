@@ -1,6 +1,8 @@
 """Measure softmax attention against its efficient variants as the sequence length doubles.
 
     python tools/bench_efficient.py --out bench_efficient.md
+    python tools/bench_efficient.py --quick        # CI size: n = 128..1024, about a minute on a CPU
+    python tools/bench_efficient.py --quality 5    # accuracy after 5 s of training per method
 
 Every method gets the same per-head width: (batch, heads, n, d_head) queries, keys and values for
 the attention-like ones, and d_inner = heads · d_head channels with N = 16 states for Mamba's scan.
@@ -19,102 +21,28 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tfm_course.attention import fused_attention, scaled_dot_product_attention  # noqa: E402
 from tfm_course.bench import crossover, loglog_slope, sweep  # noqa: E402
 from tfm_course.device import describe, get_device  # noqa: E402
-from tfm_course.efficient.linformer import linformer_attention  # noqa: E402
-from tfm_course.efficient.mamba import selective_scan  # noqa: E402
-from tfm_course.efficient.performer import draw_projection, favor_attention  # noqa: E402
-from tfm_course.efficient.retnet import default_gammas, retention  # noqa: E402
+from tfm_course.efficient.cases import Case, attention_cases  # noqa: E402
+from tfm_course.efficient_bench import QualityResult, quality_at_equal_time  # noqa: E402
+
+QUICK = dict(lengths=[128, 256, 512, 1024], repeats=2, time_cap=1.0, memory_cap=5e8)
+QUALITY_KINDS = ("softmax", "softmax-naive", "window", "linformer", "performer")
 
 BASELINES = ("softmax (naive)", "SDPA (fused)")
 
 
 def build_cases(batch: int = 1, heads: int = 4, d_head: int = 32,
-                device: torch.device | str = "cpu", num_features: int = 128, linformer_k: int = 128, chunk_size: int = 64,
-                d_state: int = 16) -> dict[str, Callable[[int], Callable[[], torch.Tensor]]]:
-    """name → make(n) → run(): the forward pass of one method on fresh inputs of length n."""
-    device = torch.device(device)
-    gen = torch.Generator().manual_seed(0)
-
-    def leaf(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        t = torch.randn(*shape, generator=gen) * scale
-        return t.to(device).requires_grad_()
-
-    def qkv(n: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q = leaf(batch, heads, n, d_head, scale=scale)
-        k = leaf(batch, heads, n, d_head, scale=scale)
-        return q, k, leaf(batch, heads, n, d_head)
-
-    def naive(n: int) -> Callable[[], torch.Tensor]:
-        q, k, v = qkv(n)
-        return lambda: scaled_dot_product_attention(q, k, v)
-
-    def sdpa(n: int) -> Callable[[], torch.Tensor]:
-        q, k, v = qkv(n)
-        return lambda: fused_attention(q, k, v)
-
-    def sdpa_causal(n: int) -> Callable[[], torch.Tensor]:
-        q, k, v = qkv(n)
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    def linformer(n: int) -> Callable[[], torch.Tensor]:
-        q, k, v = qkv(n)
-        scale = linformer_k ** -0.5
-        E, Fp = leaf(linformer_k, n, scale=scale), leaf(linformer_k, n, scale=scale)
-        return lambda: linformer_attention(q, k, v, E, Fp)
-
-    projection = draw_projection(num_features, d_head, generator=torch.Generator().manual_seed(1),
-                                 device=device)
-
-    def performer(causal: bool) -> Callable[[int], Callable[[], torch.Tensor]]:
-        def make(n: int) -> Callable[[], torch.Tensor]:
-            q, k, v = qkv(n, scale=0.5)
-            return lambda: favor_attention(q, k, v, num_features, causal=causal,
-                                           projection=projection, chunk_size=chunk_size)
-        return make
-
-    gammas = default_gammas(heads).to(device)
-
-    def retnet(mode: str) -> Callable[[int], Callable[[], torch.Tensor]]:
-        def make(n: int) -> Callable[[], torch.Tensor]:
-            q, k, v = qkv(n, scale=d_head ** -0.25)
-            return lambda: retention(q, k, v, gammas, mode=mode, chunk_size=chunk_size)
-        return make
-
-    d_inner = heads * d_head
-    A = -torch.arange(1, d_state + 1, dtype=torch.float32).repeat(d_inner, 1).to(device)
-
-    def mamba(mode: str) -> Callable[[int], Callable[[], torch.Tensor]]:
-        def make(n: int) -> Callable[[], torch.Tensor]:
-            x = leaf(batch, n, d_inner)
-            # Δ around softplus(−4) ≈ 0.02, inside the block's init range [1e-3, 0.1]
-            raw = torch.randn(batch, n, d_inner, generator=gen) - 4
-            delta = F.softplus(raw).to(device).requires_grad_()
-            B, C = leaf(batch, n, d_state), leaf(batch, n, d_state)
-            D = leaf(d_inner)
-            return lambda: selective_scan(x, delta, A, B, C, D, mode=mode)
-        return make
-
-    return {
-        "softmax (naive)": naive,
-        "SDPA (fused)": sdpa,
-        "SDPA (fused, causal)": sdpa_causal,
-        f"Linformer k={linformer_k}": linformer,
-        f"Performer m={num_features}": performer(False),
-        f"Performer m={num_features} causal": performer(True),
-        "RetNet parallel": retnet("parallel"),
-        f"RetNet chunkwise B={chunk_size}": retnet("chunkwise"),
-        "RetNet recurrent": retnet("recurrent"),
-        "Mamba scan sequential": mamba("sequential"),
-        "Mamba scan parallel": mamba("parallel"),
-    }
+                device: torch.device | str = "cpu", num_features: int = 128, linformer_k: int = 128,
+                chunk_size: int = 64, d_state: int = 16) -> dict[str, Case]:
+    """name → make(n) → run(): :func:`tfm_course.efficient.cases.attention_cases`."""
+    return attention_cases(batch, heads, d_head, device, num_features, linformer_k, chunk_size,
+                           d_state)
 
 
 # --------------------------------------------------------------------------- report
@@ -208,6 +136,41 @@ def report(rows: list[dict], settings: str) -> str:
     return "\n".join(parts) + "\n"
 
 
+def quality_table(results: list[QualityResult]) -> str:
+    """Method rows: seeds, steps reached, ms per step, held-out accuracy (mean, min–max)."""
+    lines = ["| attention | seeds | steps | ms / step | accuracy (mean) | min – max |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for kind in dict.fromkeys(r.attention for r in results):
+        mine = [r for r in results if r.attention == kind]
+        accs = [r.accuracy for r in mine]
+        lines.append(f"| {kind} | {len(mine)} | {sum(r.steps for r in mine) / len(mine):.0f} | "
+                     f"{sum(r.ms_per_step for r in mine) / len(mine):.1f} | "
+                     f"{sum(accs) / len(accs):.3f} | {min(accs):.3f} – {max(accs):.3f} |")
+    return "\n".join(lines)
+
+
+def run_quality(seconds: float, seeds: list[int], length: int, device: torch.device,
+                out: Path | None) -> list[QualityResult]:
+    start = time.perf_counter()
+    results = []
+    for kind in QUALITY_KINDS:
+        for r in quality_at_equal_time([kind], seconds, seeds, length=length, device=device):
+            print(f"{r.attention:>14} seed {r.seed}: {r.steps:5d} steps, {r.ms_per_step:6.1f} ms/step,"
+                  f" accuracy {r.accuracy:.3f}  [{time.perf_counter() - start:.0f} s]", flush=True)
+            results.append(r)
+    text = (f"# Quality at equal training time\n\nScattered recall, n = {length}, "
+            f"{seconds:g} s of training per run on {describe(device)}; accuracy on 256 held-out "
+            f"examples (chance 1/16). Took {time.perf_counter() - start:.0f} s.\n\n"
+            + quality_table(results) + "\n")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {out}")
+    else:
+        print(text)
+    return results
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+",
@@ -224,11 +187,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--only", nargs="*", default=None, help="substrings of method names to run")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--note", default="", help="a sentence added under the settings")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"CI size: {QUICK} (overrides those options)")
+    parser.add_argument("--quality", type=float, default=None, metavar="SECONDS",
+                        help="instead of the sweep: train each attention for SECONDS on scattered "
+                             "recall and report held-out accuracy")
+    parser.add_argument("--quality-length", type=int, default=256)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.quick:
+        args.lengths, args.repeats = QUICK["lengths"], QUICK["repeats"]
+        args.time_cap, args.memory_cap = QUICK["time_cap"], QUICK["memory_cap"]
 
     device = torch.device(args.device) if args.device else get_device()
+    if args.quality is not None:
+        results = run_quality(args.quality, args.seeds, args.quality_length, device, args.out)
+        return [r.as_dict() for r in results]
     cases = build_cases(args.batch, args.heads, args.d_head, device)
     if args.only:
         cases = {k: v for k, v in cases.items() if any(s.lower() in k.lower() for s in args.only)}
@@ -241,7 +217,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"{row['skipped'] or ''}  [{time.perf_counter() - start:.0f} s]", flush=True)
 
     rows = sweep(cases, args.lengths, repeats=args.repeats, time_cap_s=args.time_cap,
-                 memory_cap_bytes=args.memory_cap, device=device, progress=show)
+                 memory_cap_bytes=args.memory_cap, device=device, progress=show,
+                 cell_budget_s=0.5 if args.quick else 3.0)
     elapsed = time.perf_counter() - start
     cpu = platform.processor() or platform.machine()
     settings = (f"Device: {describe(device)}; torch {torch.__version__}; {cpu}. "

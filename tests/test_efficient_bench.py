@@ -1,0 +1,76 @@
+"""Quality at equal training time (tfm_course.efficient_bench) and tools/bench_efficient.py's modes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from tfm_course.efficient.cases import attention_cases
+from tfm_course.efficient_bench import QualityResult, quality_at_equal_time, train_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = dict(length=40, task=dict(num_records=4, num_queries=8, num_keys=8, num_values=4),
+             d_model=16, num_heads=2, test_size=16, device="cpu")
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_efficient", ROOT / "tools" / "bench_efficient.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_for_stops_at_the_time_budget_and_reports_a_consistent_row():
+    result = train_for("linformer", seconds=0.3, seed=1, k=8, **SMALL)
+    assert isinstance(result, QualityResult)
+    assert result.attention == "linformer" and result.seed == 1 and result.length == 40
+    assert result.steps >= 1 and 0.3 <= result.seconds < 0.3 + 5.0
+    assert 0.0 <= result.accuracy <= 1.0
+    assert result.ms_per_step == pytest.approx(1e3 * result.seconds / result.steps)
+    assert result.as_dict()["ms_per_step"] == result.ms_per_step
+
+
+def test_every_kind_and_seed_gets_a_row_and_the_same_parameters_where_the_layers_match():
+    results = quality_at_equal_time(["softmax", "performer"], 0.2, seeds=(0, 1), num_features=8,
+                                    **SMALL)
+    assert [(r.attention, r.seed) for r in results] == [("softmax", 0), ("softmax", 1),
+                                                        ("performer", 0), ("performer", 1)]
+    assert len({r.parameters for r in results}) == 1
+
+
+def test_train_for_bad_settings_raise():
+    with pytest.raises(ValueError, match="seconds must be positive"):
+        train_for("softmax", 0, **SMALL)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        train_for("reformer", 0.1, **SMALL)
+
+
+def test_the_cases_include_tiled_attention_and_a_window_mask_and_all_run_backward():
+    cases = attention_cases(heads=2, d_head=4, num_features=8, linformer_k=8, chunk_size=8,
+                            d_state=2, block_size=8, window=3)
+    assert "tiled online softmax B=8" in cases and "SDPA + window mask w=3" in cases
+    for name, make in cases.items():
+        out = make(20)()
+        out.float().sum().backward()
+        assert bool(torch.isfinite(out).all()), name
+
+
+def test_tool_quick_mode_uses_ci_sizes(tmp_path):
+    out = tmp_path / "quick.md"
+    rows = _tool().main(["--quick", "--only", "SDPA (fused)", "--device", "cpu", "--out", str(out)])
+    assert sorted({r["n"] for r in rows}) == [128, 256, 512, 1024]
+    assert "Crossover length" in out.read_text()
+
+
+def test_tool_quality_mode_writes_the_table(tmp_path, monkeypatch):
+    tool = _tool()
+    monkeypatch.setattr(tool, "QUALITY_KINDS", ("softmax", "window"))
+    out = tmp_path / "quality.md"
+    rows = tool.main(["--quality", "0.2", "--seeds", "0", "--quality-length", "96", "--device",
+                      "cpu", "--out", str(out)])
+    assert [r["attention"] for r in rows] == ["softmax", "window"]
+    text = out.read_text()
+    assert "| softmax | 1 |" in text and "| window | 1 |" in text and "ms / step" in text
