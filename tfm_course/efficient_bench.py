@@ -5,16 +5,24 @@
 
 Every run trains a :class:`~tfm_course.models.recall_classifier.RecallClassifier` (same width,
 depth and projections; only the attention differs) on fresh batches of
-:func:`~tfm_course.data.scattered_recall.scattered_recall` for ``seconds`` of wall-clock time,
-then scores it on a fixed held-out set: the fraction of queries answered with the right value.
+:func:`~tfm_course.data.scattered_recall.scattered_recall` for a budget of ``seconds``, then
+scores it on a fixed held-out set: the fraction of queries answered with the right value.
 A faster method gets more steps in the same time; a cheaper approximation may learn less per step
-— the comparison weighs both. Before the clock starts, two untimed forward/backward passes warm
-the kernels up, so the first method in a process pays no one-time start-up costs for the others.
+— the comparison weighs both.
+
+How the budget is spent (``timing``):
+
+* ``"measured"`` (default): first time one training step (the fastest of several, after a
+  warm-up: other programs on the machine only ever add time), then train ``seconds / step``
+  steps. The step count, hence the result, barely depends on how busy the machine is.
+* ``"wall"``: train until ``seconds`` of wall-clock time have passed (``train(time_limit_s=)``).
+
 On a CPU the runs use one thread (steadier on a busy machine, and what a small model needs).
 """
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -23,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .bench import time_fn
 from .data.scattered_recall import IGNORE, ScatteredRecallBatch, scattered_recall
 from .device import get_device, one_cpu_thread
 from .models.recall_classifier import RecallClassifier
@@ -40,17 +49,14 @@ class QualityResult:
     attention: str
     seed: int
     length: int
-    steps: int  # optimisation steps reached in the time budget
-    seconds: float  # wall-clock training time (the budget, plus at most one step)
+    steps: int  # optimisation steps taken within the budget
+    step_ms: float  # one training step, the fastest of several (measured before training)
+    seconds: float  # wall-clock time the training loop took
     accuracy: float  # on the held-out queries; chance is 1 / num_values
     parameters: int
 
-    @property
-    def ms_per_step(self) -> float:
-        return 1e3 * self.seconds / self.steps
-
     def as_dict(self) -> dict:
-        return {**asdict(self), "ms_per_step": self.ms_per_step}
+        return asdict(self)
 
 
 def recall_accuracy(model: nn.Module, batch: ScatteredRecallBatch) -> float:
@@ -72,8 +78,12 @@ def _loss(model: nn.Module, batch: ScatteredRecallBatch) -> torch.Tensor:
 def train_for(attention: str, seconds: float, seed: int = 0, length: int = 256,
               batch_size: int = 16, lr: float = 3e-3, device: torch.device | str | None = None,
               test_size: int = 256, progress: bool = False, task: dict | None = None,
+              timing: str = "measured", steps: int | None = None,
               **model_options: int) -> QualityResult:
-    """Train one model for ``seconds`` and score it; see the module docstring.
+    """Train one model for a budget of ``seconds`` and score it; see the module docstring.
+
+    ``steps`` instead trains exactly that many steps (``seconds`` and ``timing`` are then unused:
+    a comparison at equal steps, i.e. quality per step).
 
     ``task`` overrides :data:`TASK` (records, queries, keys, values); ``model_options`` go to
     :class:`RecallClassifier` (``d_model``, ``num_heads``, ``num_layers``, ``window``, ``k``,
@@ -81,6 +91,10 @@ def train_for(attention: str, seconds: float, seed: int = 0, length: int = 256,
     """
     if seconds <= 0:
         raise ValueError(f"seconds must be positive, got {seconds}")
+    if timing not in ("measured", "wall"):
+        raise ValueError(f"timing must be 'measured' or 'wall', got {timing!r}")
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps must be positive, got {steps}")
     device = torch.device(device) if device is not None else get_device()
     task = {**TASK, **(task or {}), "length": length}
     test = scattered_recall(test_size, **task, generator=torch.Generator().manual_seed(10_000),
@@ -91,18 +105,37 @@ def train_for(attention: str, seconds: float, seed: int = 0, length: int = 256,
     data = torch.Generator().manual_seed(seed)
     threads = one_cpu_thread(device) if device.type == "cpu" else nullcontext()
     with threads:
-        warm = scattered_recall(batch_size, **task, generator=torch.Generator().manual_seed(-1),
-                                device=device)
-        for _ in range(2):  # untimed: lazy initialisation, kernel selection, allocator warm-up
-            _loss(model, warm).backward()
-        model.zero_grad(set_to_none=True)
+        step_s = _step_seconds(model, task, batch_size, lr, device)  # also warms the kernels up
+        if steps is not None:
+            limit = None
+        elif timing == "measured":
+            steps, limit = max(1, int(seconds / step_s)), None
+        else:
+            steps, limit = 10**9, seconds
         history = train(model, lambda step: scattered_recall(batch_size, **task, generator=data,
                                                              device=device),
-                        _loss, steps=10**9, lr=lr, time_limit_s=seconds, progress=progress,
+                        _loss, steps=steps, lr=lr, time_limit_s=limit, progress=progress,
                         desc=attention)
         accuracy = recall_accuracy(model, test)
-    return QualityResult(attention, seed, length, len(history.steps), history.seconds, accuracy,
-                         sum(p.numel() for p in model.parameters()))
+    return QualityResult(attention, seed, length, len(history.steps), 1e3 * step_s, history.seconds,
+                         accuracy, sum(p.numel() for p in model.parameters()))
+
+
+def _step_seconds(model: nn.Module, task: dict, batch_size: int, lr: float,
+                  device: torch.device) -> float:
+    """Fastest of several full training steps (data, forward, backward, AdamW) on a *copy* of the
+    model, so the model that is then trained starts from its initialisation."""
+    probe = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(probe.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(-1)
+
+    def step() -> None:
+        loss = _loss(probe, scattered_recall(batch_size, **task, generator=g, device=device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return time_fn(step, repeats=5, warmup=2, device=device, stat="min")
 
 
 def quality_at_equal_time(attentions: Sequence[str], seconds: float, seeds: Sequence[int] = (0,),

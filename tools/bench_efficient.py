@@ -144,7 +144,7 @@ def quality_table(results: list[QualityResult]) -> str:
         mine = [r for r in results if r.attention == kind]
         accs = [r.accuracy for r in mine]
         lines.append(f"| {kind} | {len(mine)} | {sum(r.steps for r in mine) / len(mine):.0f} | "
-                     f"{sum(r.ms_per_step for r in mine) / len(mine):.1f} | "
+                     f"{sum(r.step_ms for r in mine) / len(mine):.1f} | "
                      f"{sum(accs) / len(accs):.3f} | {min(accs):.3f} – {max(accs):.3f} |")
     return "\n".join(lines)
 
@@ -155,12 +155,13 @@ def run_quality(seconds: float, seeds: list[int], length: int, device: torch.dev
     results = []
     for kind in QUALITY_KINDS:
         for r in quality_at_equal_time([kind], seconds, seeds, length=length, device=device):
-            print(f"{r.attention:>14} seed {r.seed}: {r.steps:5d} steps, {r.ms_per_step:6.1f} ms/step,"
+            print(f"{r.attention:>14} seed {r.seed}: {r.steps:5d} steps, {r.step_ms:6.1f} ms/step,"
                   f" accuracy {r.accuracy:.3f}  [{time.perf_counter() - start:.0f} s]", flush=True)
             results.append(r)
     text = (f"# Quality at equal training time\n\nScattered recall, n = {length}, "
-            f"{seconds:g} s of training per run on {describe(device)}; accuracy on 256 held-out "
-            f"examples (chance 1/16). Took {time.perf_counter() - start:.0f} s.\n\n"
+            f"a budget of {seconds:g} s of training per run on {describe(device)} (steps = budget / "
+            f"fastest measured step); accuracy on 256 held-out examples (chance 1/16). "
+            f"Took {time.perf_counter() - start:.0f} s.\n\n"
             + quality_table(results) + "\n")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
