@@ -7,7 +7,8 @@
 * :mod:`~tfm_course.efficient.retnet` — retention: parallel, recurrent and chunkwise forms;
 * :mod:`~tfm_course.efficient.mamba` — the selective scan (S6) and the Mamba block;
 * :mod:`~tfm_course.efficient.approximation` — how far Performer / Linformer are from softmax;
-* :mod:`~tfm_course.efficient.attention_layers` — any of them as a drop-in self-attention layer;
+* :mod:`~tfm_course.efficient.attention_layers` — softmax, window, Linformer or Performer as one
+  drop-in non-causal self-attention layer;
 * :mod:`~tfm_course.efficient.cases` — every method's mixing step, for timing and memory sweeps.
 
 Each module reads on its own; :mod:`tfm_course.bench` measures them side by side.
