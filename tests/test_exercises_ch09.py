@@ -55,7 +55,8 @@ NOISE_WRONG = {
     "truncated": (lambda L, d, s, g: mask_by_hand(L, d, s, g, rounding=int), "you truncated"),
     "no clamp": (lambda L, d, s, g: mask_by_hand(L, d, s, g, clamp=False), "clamp"),
     "noise first": (lambda L, d, s, g: mask_by_hand(L, d, s, g, noise_first=True), "starts with noise"),
-    "global rng": (lambda L, d, s, g: mask_by_hand(L, d, s, g, use_generator=False), "same seed gives different"),
+    "global rng": (lambda L, d, s, g: mask_by_hand(L, d, s, g, use_generator=False),
+                   "same seed gives different"),
     "deterministic": (lambda L, d, s, g: mask_by_hand(L, d, s, g, equal_noise=True, even_kept=True),
                       "every seed gives the same mask"),
     "one span per token": (lambda L, d, s, g: mask_by_hand(L, d, s, g, per_token=True), "its own span"),
@@ -172,7 +173,8 @@ def test_fill_spans_checker_accepts_correct_answers(fn, capsys):
 FILL_WRONG = {
     "keeps eos": (lambda i, t, s, e: fill_by_hand(i, t, s, e, keep_eos=True), "EOS is still there"),
     "no filling": (lambda i, t, s, e: list(i), "nothing was filled in"),
-    "keeps sentinels": (lambda i, t, s, e: fill_by_hand(i, t, s, e, keep_sentinel=True), "sentinels are left"),
+    "keeps sentinels": (lambda i, t, s, e: fill_by_hand(i, t, s, e, keep_sentinel=True),
+                        "sentinels are left"),
     "spans read before their sentinel": (lambda i, t, s, e: fill_by_hand(i, t, s, e, span_before=True),
                                          "expected"),
     "a float tensor": (lambda i, t, s, e: torch.tensor(fill_spans(i, t, s, e), dtype=torch.float),
@@ -205,7 +207,8 @@ def buckets_by_hand(n_q, n_k, bidirectional, sign=1, offset=True, clamp=True, tr
     else:
         dist = (-rel).clamp(min=0)
     exact = n // 2
-    large = exact + (torch.log(dist.clamp(min=1).float() / exact) / math.log(128 / exact) * (n - exact)).long()
+    scaled = torch.log(dist.clamp(min=1).float() / exact) / math.log(128 / exact) * (n - exact)
+    large = exact + scaled.long()
     if clamp:
         large = large.clamp(max=n - 1)
     out = out + torch.where(dist < exact, dist, large)
@@ -228,13 +231,15 @@ BUCKET_WRONG = {
 @pytest.mark.parametrize("name", BUCKET_WRONG)
 def test_position_bucket_checker_rejects_typical_mistakes(name, capsys):
     switches, message = BUCKET_WRONG[name]
-    rejects(ch09.check_position_buckets, lambda q, k, b: buckets_by_hand(q, k, b, **switches), message, capsys)
+    rejects(ch09.check_position_buckets, lambda q, k, b: buckets_by_hand(q, k, b, **switches),
+            message, capsys)
 
 
 def test_position_bucket_checker_rejects_ignored_direction_and_floats(capsys):
-    rejects(ch09.check_position_buckets, lambda q, k, b: buckets_package(q, k, True), "bidirectional is ignored",
-            capsys)
-    rejects(ch09.check_position_buckets, lambda q, k, b: buckets_package(q, k, b).float(), "torch.long", capsys)
+    rejects(ch09.check_position_buckets, lambda q, k, b: buckets_package(q, k, True),
+            "bidirectional is ignored", capsys)
+    rejects(ch09.check_position_buckets, lambda q, k, b: buckets_package(q, k, b).float(),
+            "torch.long", capsys)
 
 
 # --------------------------------------------------------------------------- prefix-LM mask

@@ -270,7 +270,8 @@ def test_bad_input_gives_clear_errors(call, match):
 
 # --------------------------------------------------------------------------- Hugging Face
 def test_hf_key_names():
-    assert hf_key("decoder.block.3.layer.1.EncDecAttention.q.weight") == "decoder.blocks.3.cross_attn.q.weight"
+    assert hf_key("decoder.block.3.layer.1.EncDecAttention.q.weight") == \
+        "decoder.blocks.3.cross_attn.q.weight"
     assert hf_key("decoder.block.3.layer.2.layer_norm.weight") == "decoder.blocks.3.norm_ffn.weight"
     assert hf_key("encoder.block.3.layer.1.layer_norm.weight") == "encoder.blocks.3.norm_ffn.weight"
     assert hf_key("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight") == \

@@ -1,8 +1,8 @@
 """Checkers for chapter 9, "T5: span corruption, relative position bias, text-to-text".
 
 >>> from tfm_course.exercises import ch09
->>> ch09.check_noise_mask(my_mask)           # fn(length, noise_density, mean_span_length, generator) -> bool (length,)
->>> ch09.check_span_corrupt(my_corrupt)      # fn(ids (L,), noise_mask (L,), sentinel_ids, eos_id) -> (inputs, targets)
+>>> ch09.check_noise_mask(my_mask)           # fn(length, density, mean_span, generator) -> bool (length,)
+>>> ch09.check_span_corrupt(my_corrupt)      # fn(ids, noise_mask, sentinel_ids, eos_id) -> (inputs, targets)
 >>> ch09.check_fill_spans(my_fill)           # fn(inputs, targets, sentinel_ids, eos_id) -> list of ids
 >>> ch09.check_position_buckets(my_buckets)  # fn(n_q, n_k, bidirectional) -> long (n_q, n_k)
 >>> ch09.check_prefix_lm_mask(my_mask)       # fn(seq_len, prefix_len) -> bool (seq_len, seq_len)
@@ -60,7 +60,8 @@ def check_noise_mask(fn: Callable[[int, float, float, torch.Generator], Tensor])
             if not isinstance(got, Tensor):
                 raise Failed(f"the mask should be a torch.Tensor, got {type(got).__name__}")
             if got.shape != (length,):
-                raise Failed(f"the mask for length {length} has shape {tuple(got.shape)}, expected ({length},)")
+                raise Failed(f"the mask for length {length} has shape {tuple(got.shape)}, "
+                             f"expected ({length},)")
             if got.dtype != torch.bool:
                 raise Failed(f"the mask should be a bool tensor (True = noise), got {got.dtype}: use .bool()")
             out.append(got.cpu())
@@ -253,7 +254,8 @@ def check_position_buckets(fn: Callable[[int, int, bool], Tensor]) -> bool:
                 raise Failed(f"shape {tuple(got.shape)} is (n_k, n_q): one row per query, ({n_q}, {n_k})")
             expect_tensor(got, want, f"the buckets for n_q={n_q}, n_k={n_k}")
             if got.is_floating_point() or got.dtype == torch.bool:
-                raise Failed(f"buckets index an embedding table: return integers (torch.long), got {got.dtype}")
+                raise Failed("buckets index an embedding table: return integers (torch.long), "
+                             f"got {got.dtype}")
             got = got.detach().cpu().long()
             if torch.equal(got, want):
                 return
@@ -286,7 +288,8 @@ def check_position_buckets(fn: Callable[[int, int, bool], Tensor]) -> bool:
 
 # --------------------------------------------------------------------------- prefix-LM mask
 def check_prefix_lm_mask(fn: Callable[[int, int], Tensor]) -> bool:
-    """``fn(seq_len, prefix_len)``: bool ``(seq_len, seq_len)``, query i may read key j iff j <= i or j < prefix_len."""
+    """``fn(seq_len, prefix_len)``: bool ``(seq_len, seq_len)``; query i may read key j iff j <= i
+    or j < prefix_len."""
 
     def case(seq_len: int, prefix_len: int) -> Callable[[], None]:
         def check() -> None:

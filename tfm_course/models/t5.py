@@ -377,7 +377,8 @@ class T5(nn.Module):
 
     def forward(self, input_ids: Tensor, decoder_input_ids: Tensor,
                 attention_mask: Tensor | None = None) -> Tensor:
-        """Teacher forcing: logits ``(B, T, vocab)``. ``attention_mask`` bool ``(B, S)``, True on real tokens."""
+        """Teacher forcing: logits ``(B, T, vocab)``; ``attention_mask`` bool ``(B, S)``, True on
+        real tokens (None: no padding)."""
         _check_ids(input_ids, "input_ids")
         _check_ids(decoder_input_ids, "decoder_input_ids")
         if input_ids.shape[0] != decoder_input_ids.shape[0]:
@@ -394,7 +395,8 @@ class T5(nn.Module):
     @torch.no_grad()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                  max_new_tokens: int = 20, use_cache: bool = True) -> Tensor:
-        """Greedy decoding ``(B, L <= max_new_tokens)``: no start token, ``eos_id`` kept, ``pad_id`` after it."""
+        """Greedy decoding ``(B, L <= max_new_tokens)``: no start token, ``eos_id`` kept, ``pad_id``
+        after it. The mask defaults to ``input_ids != pad_id``."""
         was_training = self.training
         self.eval()
         try:
@@ -431,7 +433,8 @@ class T5(nn.Module):
         missing, unexpected = model.load_state_dict(hf_state_to_ours(state), strict=False)
         missing = [k for k in missing if not (config.tie_embeddings and k == "lm_head.weight")]
         if missing or unexpected:
-            raise ValueError(f"Hugging Face T5 weights do not fit: missing {missing}, unexpected {unexpected}")
+            raise ValueError(f"Hugging Face T5 weights do not fit: missing {missing}, "
+                             f"unexpected {unexpected}")
         return model
 
 
