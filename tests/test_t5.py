@@ -119,7 +119,7 @@ def test_gated_gelu_feed_forward():
     model = small(feed_forward="gated-gelu")
     ffn = model.encoder.blocks[0].ffn
     x = torch.randn(2, 3, 24)
-    want = ffn.linear2(F.gelu(ffn.linear1(x), approximate="tanh") * ffn.gate(x))
+    want = ffn.down(F.gelu(ffn.gate(x), approximate="tanh") * ffn.up(x))
     torch.testing.assert_close(ffn(x), want)
     src, mask, dec = batch()
     assert model(src, dec, mask).shape == (3, 7, 61)
@@ -276,7 +276,11 @@ def test_hf_key_names():
     assert hf_key("encoder.block.3.layer.1.layer_norm.weight") == "encoder.blocks.3.norm_ffn.weight"
     assert hf_key("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight") == \
         "encoder.blocks.0.relative_bias.embedding.weight"
-    assert hf_key("decoder.block.0.layer.2.DenseReluDense.wi_1.weight") == "decoder.blocks.0.ffn.gate.weight"
+    assert hf_key("decoder.block.0.layer.2.DenseReluDense.wi_1.weight", gated=True) == \
+        "decoder.blocks.0.ffn.up.weight"
+    assert hf_key("decoder.block.0.layer.2.DenseReluDense.wo.weight", gated=True) == \
+        "decoder.blocks.0.ffn.down.weight"
+    assert hf_key("decoder.block.0.layer.2.DenseReluDense.wo.weight") == "decoder.blocks.0.ffn.linear2.weight"
     assert hf_key("decoder.final_layer_norm.weight") == "decoder.final_norm.weight"
 
 

@@ -162,19 +162,23 @@ class T5Attention(nn.Module):
         return self.o(merge_heads(out))
 
 
-class GatedGELU(FeedForward):
-    """T5 v1.1's block: W2 · (GELU(W1 x) ⊙ W3 x), GELU with the tanh approximation, no biases.
+class GatedGELU(nn.Module):
+    """T5 v1.1's feed-forward block: ``down(GELU(gate(x)) ⊙ up(x))``, tanh-approximated GELU, no biases.
 
-    Same layout as the package's SwiGLU (``linear1`` = W1 through the activation, ``gate`` = W3
-    the linear branch; Hugging Face's ``wi_0``, ``wi_1``), with GELU in place of SiLU.
+    SwiGLU with GELU in place of SiLU (GEGLU, Shazeer 2020). ``gate`` is the branch through the
+    activation, ``up`` the linear one, ``down`` the output (Hugging Face T5: ``wi_0``, ``wi_1``,
+    ``wo``). ``(..., d_model) -> (..., d_model)``.
     """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
-        super().__init__(d_model, d_ff, activation="swiglu", dropout=dropout, bias=False)
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.up = nn.Linear(d_model, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = F.gelu(self.linear1(x), approximate="tanh") * self.gate(x)
-        return self.linear2(self.dropout(hidden))
+        return self.down(self.dropout(F.gelu(self.gate(x), approximate="tanh") * self.up(x)))
 
 
 class _LayerCache:
@@ -330,11 +334,13 @@ class T5(nn.Module):
                 nn.init.normal_(m.k.weight, std=c.d_model ** -0.5)
                 nn.init.normal_(m.v.weight, std=c.d_model ** -0.5)
                 nn.init.normal_(m.o.weight, std=(c.num_heads * c.d_kv) ** -0.5)
-            elif isinstance(m, FeedForward):
-                for w in (m.linear1, m.gate):
-                    if w is not None:
-                        nn.init.normal_(w.weight, std=c.d_model ** -0.5)
+            elif isinstance(m, FeedForward):  # ReLU: linear1, linear2
+                nn.init.normal_(m.linear1.weight, std=c.d_model ** -0.5)
                 nn.init.normal_(m.linear2.weight, std=c.d_ff ** -0.5)
+            elif isinstance(m, GatedGELU):
+                nn.init.normal_(m.gate.weight, std=c.d_model ** -0.5)
+                nn.init.normal_(m.up.weight, std=c.d_model ** -0.5)
+                nn.init.normal_(m.down.weight, std=c.d_ff ** -0.5)
             elif isinstance(m, T5RelativeBias):
                 nn.init.normal_(m.embedding.weight, std=c.d_model ** -0.5)
             elif isinstance(m, RMSNorm):

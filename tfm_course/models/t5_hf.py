@@ -27,19 +27,25 @@ _HF_PARTS = {
     "self": [("SelfAttention.relative_attention_bias.", "relative_bias.embedding."),
              ("SelfAttention.", "self_attn."), ("layer_norm.", "norm_self.")],
     "cross": [("EncDecAttention.", "cross_attn."), ("layer_norm.", "norm_cross.")],
-    "ffn": [("DenseReluDense.wi_0.", "ffn.linear1."), ("DenseReluDense.wi_1.", "ffn.gate."),
-            ("DenseReluDense.wi.", "ffn.linear1."), ("DenseReluDense.wo.", "ffn.linear2."),
+    "ffn": [("DenseReluDense.wi.", "ffn.linear1."), ("DenseReluDense.wo.", "ffn.linear2."),
             ("layer_norm.", "norm_ffn.")],
+    "gated ffn": [("DenseReluDense.wi_0.", "ffn.gate."), ("DenseReluDense.wi_1.", "ffn.up."),
+                  ("DenseReluDense.wo.", "ffn.down."), ("layer_norm.", "norm_ffn.")],
 }
 
 
-def hf_key(key: str) -> str:
-    """``decoder.block.3.layer.1.EncDecAttention.q.weight`` -> ``decoder.blocks.3.cross_attn.q.weight``."""
+def hf_key(key: str, gated: bool = False) -> str:
+    """``decoder.block.3.layer.1.EncDecAttention.q.weight`` -> ``decoder.blocks.3.cross_attn.q.weight``.
+
+    ``gated``: the feed-forward blocks are gated-GELU ones (``wi_0``, ``wi_1``, ``wo``).
+    """
     match = re.fullmatch(r"(encoder|decoder)\.block\.(\d+)\.layer\.(\d+)\.(.+)", key)
     if match is None:
         return key.replace("final_layer_norm.", "final_norm.")
     stack, block, sub, rest = match.groups()
     part = _HF_NAMES.get((stack, int(sub)))
+    if part == "ffn" and gated:
+        part = "gated ffn"
     for theirs, ours in _HF_PARTS.get(part, []):
         if rest.startswith(theirs):
             return f"{stack}.blocks.{block}.{ours}{rest[len(theirs):]}"
@@ -49,7 +55,8 @@ def hf_key(key: str) -> str:
 def hf_state_to_ours(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Rename a Hugging Face T5 state dict; drop the aliases of ``shared.weight`` (``embed_tokens``)
     and the cross-attention bias table some old checkpoints carry but never use."""
-    return {hf_key(key): value for key, value in state.items()
+    gated = any(".DenseReluDense.wi_0." in key for key in state)
+    return {hf_key(key, gated): value for key, value in state.items()
             if not key.endswith("embed_tokens.weight")
             and "EncDecAttention.relative_attention_bias" not in key}
 
