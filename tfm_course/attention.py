@@ -47,6 +47,8 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             f"k and v must have the same number of keys n_k: k is {tuple(k.shape)}, "
             f"v is {tuple(v.shape)}"
         )
+    if q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        return  # the usual case, checked without the cost of a broadcast
     try:
         torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
@@ -231,7 +233,8 @@ def fused_attention(
     """
     _check_qkv(q, k, v)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    score_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (n_q, n_k)
+    lead = q.shape[:-2] if q.shape[:-2] == k.shape[:-2] else torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    score_shape = lead + (n_q, n_k)
     if bias is not None:
         _check_bias(bias, score_shape)
         bias = bias.to(q.dtype)
