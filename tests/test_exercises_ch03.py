@@ -92,7 +92,7 @@ def test_check_merge_heads_accepts(capsys):
 
 # --------------------------------------------------------------------------- forward pass
 def make_forward(*, out_proj=True, scale="head", reverse=False, view_bug=False, use_mask=True,
-                 fill=None):
+                 fill=None, zero_masked=False, empty_rows=None):
     """A hand-written forward with one chosen mistake (independent of the checker's own variants)."""
 
     def forward(mha, query, key, value, mask):
@@ -111,7 +111,12 @@ def make_forward(*, out_proj=True, scale="head", reverse=False, view_bug=False, 
         if mask is not None and use_mask:
             blocked = mask if reverse else ~mask
             scores = scores.masked_fill(blocked, float("-inf") if fill is None else fill)
-        out = torch.softmax(scores, dim=-1) @ v
+        weights = torch.softmax(scores, dim=-1)
+        if mask is not None and use_mask and zero_masked:
+            weights = weights.masked_fill(blocked, 0.0)
+        if mask is not None and empty_rows is not None:  # a made-up value for rows with no key
+            weights = weights.masked_fill(~mask.any(-1, keepdim=True), empty_rows)
+        out = weights @ v
         out = out.reshape(b, n_q, d) if view_bug else out.transpose(1, 2).reshape(b, n_q, d)
         return mha.out_proj(out) if out_proj else out
 
@@ -125,6 +130,11 @@ def make_forward(*, out_proj=True, scale="head", reverse=False, view_bug=False, 
     (make_forward(view_bug=True), "positions are mixed across heads"),
     (make_forward(reverse=True), "mask reversed"),
     (make_forward(use_mask=False), "mask was ignored"),
+    # a query row with no allowed key (causal mask + left padding)
+    (make_forward(), "NaN for a query that may attend no key"),                       # -inf fill
+    (make_forward(fill=torch.finfo(torch.float32).min), "spreads its weight uniformly"),
+    (make_forward(fill=-1e9), "spreads its weight uniformly"),
+    (make_forward(fill=-1e9, zero_masked=True, empty_rows=0.5), "must get all-zero weights"),
 ])
 def test_check_mha_forward_rejects(capsys, wrong, message):
     ok, out = verdict(capsys, ch03.check_mha_forward, wrong)
@@ -134,8 +144,18 @@ def test_check_mha_forward_rejects(capsys, wrong, message):
 def test_check_mha_forward_accepts(capsys):
     assert verdict(capsys, ch03.check_mha_forward,
                    lambda mha, q, k, v, mask: mha(q, k, v, mask=mask))[0]
-    # a from-scratch answer with -inf filling passes too: no row is fully masked in the cases
-    assert verdict(capsys, ch03.check_mha_forward, make_forward())[0]
+    # from scratch: fill with the minimum (or -inf) and zero the masked weights after the softmax
+    for fill in (torch.finfo(torch.float32).min, -1e9):
+        assert verdict(capsys, ch03.check_mha_forward, make_forward(fill=fill, zero_masked=True))[0]
+    nan_to_zero = make_forward(zero_masked=True)  # -inf, then masked_fill(…, 0) also removes the NaN
+    ok, out = verdict(capsys, ch03.check_mha_forward, nan_to_zero)
+    assert ok and "all 4 checks passed" in out
+
+
+def test_check_mha_forward_tests_a_query_with_no_key(capsys):
+    """The three first cases pass with a -inf fill; only the fully masked row tells it apart."""
+    ok, out = verdict(capsys, ch03.check_mha_forward, make_forward())
+    assert not ok and "causal + left padding (query rows with no key)" in out and "0/0" in out
 
 
 # --------------------------------------------------------------------------- loading weights

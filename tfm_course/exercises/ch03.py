@@ -40,6 +40,18 @@ INTERLEAVED = ("each head got every num_heads-th channel (interleaved); head i m
                "contiguous channels i*d_head .. (i+1)*d_head - 1, i.e. view(batch, seq, heads, d_head)")
 NOT_CONTIGUOUS = ("`.view` failed because the tensor is not contiguous after `transpose` — use "
                   "`.reshape(...)` (or `.contiguous().view(...)`)")
+EMPTY_ROW_NAN = ("NaN for a query that may attend no key at all (causal mask + left padding): "
+                 "filling masked scores with -inf makes such a row's softmax 0/0, and the NaN "
+                 "reaches every gradient even if the loss ignores that position. Fill with "
+                 "torch.finfo(scores.dtype).min and zero the masked weights after the softmax "
+                 "(weights.masked_fill(~mask, 0.0)), so that row's weights are all zero")
+EMPTY_ROW_UNIFORM = ("a query that may attend no key at all (causal mask + left padding) spreads "
+                     "its weight uniformly over keys it must not see: filled with the same minimum, "
+                     "its scores are all equal, so the softmax gives 1/n_k each. Zero the masked "
+                     "weights after the softmax (weights.masked_fill(~mask, 0.0)): such a row must "
+                     "get all-zero weights, as in tfm_course")
+EMPTY_ROW_OTHER = ("a query that may attend no key at all (causal mask + left padding) must get "
+                   "all-zero weights, so its output is mha.out_proj applied to zeros")
 REVERSED = ("mask reversed: in this book True = may attend (PyTorch's nn.MultiheadAttention uses "
             "the opposite, True = blocked)")
 
@@ -125,7 +137,12 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor]) -> bool:
 def _variant(mha: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor,
              mask: Tensor | None, *, out_proj: bool = True, scale: str = "head",
              mask_mode: str = "ok", split: str = "ok", softmax_dim: int = -1) -> Tensor:
-    """Multi-head attention with one deliberate mistake (or none), to recognise wrong answers."""
+    """Multi-head attention with one deliberate mistake (or none), to recognise wrong answers.
+
+    ``mask_mode``: ``"ok"``, ``"ignored"``, ``"reversed"``, or ``"not_zeroed"`` (masked scores
+    filled with fp32's minimum but the weights not zeroed after the softmax: a query row with no
+    allowed key then spreads uniform weights over keys it may not see).
+    """
     b, n_q, d = query.shape
     h = mha.num_heads
 
@@ -139,7 +156,7 @@ def _variant(mha: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor,
         allowed = ~mask if mask_mode == "reversed" else mask
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=softmax_dim)
-    if mask is not None and mask_mode != "ignored":
+    if mask is not None and mask_mode not in ("ignored", "not_zeroed"):
         weights = weights.masked_fill(~allowed, 0.0)
     out = weights @ v
     out = out.reshape(b, n_q, d) if split == "view" else merge_heads(out)
@@ -152,11 +169,29 @@ def _rows_match(got: Tensor, want: Tensor, rows: Tensor) -> bool:
     return bool(rows.any()) and close(got[rows], want[rows], atol=1e-5, rtol=1e-4)
 
 
+def _check_empty_rows(got: Tensor, want: Tensor, not_zeroed: Tensor, empty: Tensor) -> None:
+    """Name the mistake when only the query rows with no allowed key are wrong.
+
+    ``got``, ``want``, ``not_zeroed``: ``(batch, n_q, d_model)``; ``empty``: bool ``(batch, n_q)``.
+    """
+    full = ~empty
+    if not _rows_match(got, want, full):
+        return  # wrong elsewhere too: the general diagnosis applies
+    if bool(torch.isnan(got[empty]).any()):
+        raise Failed(EMPTY_ROW_NAN)
+    if _rows_match(got, not_zeroed, empty):
+        raise Failed(EMPTY_ROW_UNIFORM)
+    error = max_error(got[empty], want[empty])
+    raise Failed(EMPTY_ROW_OTHER + f" (yours differs there by up to {error:.3g})")
+
+
 def check_mha_forward(fn: Callable[..., Tensor]) -> bool:
     """``fn(mha, query, key, value, mask)`` must return ``mha(query, key, value, mask=mask)``.
 
     Use ``mha.q_proj``, ``mha.k_proj``, ``mha.v_proj``, ``mha.out_proj`` and ``mha.num_heads``;
     ``mask`` is None or bool broadcastable to ``(batch, heads, n_q, n_k)``, True = may attend.
+    A query row whose keys are all masked gets zero attention weights (so its output is
+    ``mha.out_proj`` of zeros), as in the package, never NaN.
     """
 
     def case(d_model: int, heads: int, n_q: int, n_k: int, mask_kind: str) -> Callable[[], None]:
@@ -171,6 +206,9 @@ def check_mha_forward(fn: Callable[..., Tensor]) -> bool:
                 mask = causal_mask(n_q)
             elif mask_kind == "padding":
                 mask = padding_mask(torch.tensor([n_k, n_k // 2]), n_k)[:, None, None, :]
+            elif mask_kind == "left padding":  # causal, second row left-padded: its pad queries see no key
+                real = torch.arange(n_k) >= torch.tensor([[0], [n_k // 2]])  # (batch, n_k)
+                mask = causal_mask(n_q) & real[:, None, None, :]
             with torch.no_grad():
                 want = mha(query, key, key, mask=mask)
                 got = attempt(fn, mha, query.clone(), key.clone(), key.clone(), mask)
@@ -183,6 +221,12 @@ def check_mha_forward(fn: Callable[..., Tensor]) -> bool:
                 with torch.no_grad():
                     return close(got, _variant(mha, query, key, key, mask, **mistake))
 
+            if mask is not None:
+                empty = ~mask.expand(2, heads, n_q, n_k).any(-1).any(1)  # (batch, n_q): no key at all
+                if bool(empty.any()):
+                    with torch.no_grad():
+                        not_zeroed = _variant(mha, query, key, key, mask, mask_mode="not_zeroed")
+                    _check_empty_rows(got, want, not_zeroed, empty)
             if like(out_proj=False):
                 raise Failed("your output is the concatenated heads: the final projection "
                              "mha.out_proj is missing")
@@ -214,6 +258,8 @@ def check_mha_forward(fn: Callable[..., Tensor]) -> bool:
         ("self-attention, 3 heads, no mask", case(12, 3, 5, 5, "none")),
         ("self-attention, 4 heads, causal mask", case(16, 4, 6, 6, "causal")),
         ("cross-attention, 2 heads, key padding", case(8, 2, 4, 7, "padding")),
+        ("self-attention, 2 heads, causal + left padding (query rows with no key)",
+         case(8, 2, 6, 6, "left padding")),
     ])
 
 
