@@ -6,7 +6,8 @@ plain Markdown (``tools/myst_to_markdown.py`` rewrites the MyST roles and direct
 note links the book's page and explains the names of computed numbers. Never edit them by hand;
 regenerate with
 
-    python tools/colab_notebooks.py          # write
+    python tools/colab_notebooks.py          # write them all
+    python tools/colab_notebooks.py chapters/03-multi-head-attention.md   # write one
     python tools/colab_notebooks.py --check  # exit 1 if any copy is stale (tests/test_chapters.py)
 """
 
@@ -77,7 +78,8 @@ def main(argv: list[str]) -> int:
         for path in stale:
             print(f"stale: {path.relative_to(ROOT)} (run: python tools/colab_notebooks.py)")
         return 1 if stale else 0
-    for md_path in sorted(CHAPTERS.glob("*.md")):
+    chosen = [Path(a).resolve().with_suffix(".md") for a in argv]  # e.g. chapters/03-multi-head-attention.md
+    for md_path in chosen or sorted(CHAPTERS.glob("*.md")):
         md_path.with_suffix(".ipynb").write_text(render(md_path), encoding="utf-8")
         print(f"wrote {md_path.with_suffix('.ipynb').relative_to(ROOT)}")
     return 0
