@@ -160,6 +160,23 @@ def _signed(h, n):
     return -(alibi_slopes(h)[:, None, None] * (pos[:, None] - pos[None, :]))[None]
 
 
+def _causal_only(h, n, above=0.0):
+    """The paper's causal form: -slope·(i - j) for keys j <= i, ``above`` for future keys."""
+    pos = torch.arange(n)
+    bias = -(alibi_slopes(h)[:, None, None] * (pos[:, None] - pos[None, :]).float())[None]
+    return bias.masked_fill(pos[None, :] > pos[:, None], above)
+
+
+def _key_position_only(h, n, one_row=False, masked=False):
+    """The ALiBi authors' code: slope·j, the key position alone (optionally one row for all queries)."""
+    bias = (alibi_slopes(h)[:, None, None] * torch.arange(n))[None]  # (1, h, 1, n)
+    if one_row:
+        return bias
+    bias = bias.expand(1, h, n, n)
+    pos = torch.arange(n)
+    return bias.masked_fill(pos[None, :] > pos[:, None], -math.inf) if masked else bias
+
+
 ALIBI_WRONG = {
     "positive bias": (lambda h, n: -alibi_bias(h, n), "the sign is flipped"),
     "slopes reversed": (_with_slopes(lambda h: alibi_slopes(h).flip(0)), "reverse order"),
@@ -170,6 +187,14 @@ ALIBI_WRONG = {
     "signed distance": (_signed, "above the diagonal your bias is positive"),
     "no batch dim": (lambda h, n: alibi_bias(h, n)[0], "add a leading batch dim"),
     "integer distances": (lambda h, n: alibi_bias(h, n).long(), "must be floating point"),
+    "paper's causal form, zeros above": (_causal_only, "you put zeros"),
+    "paper's causal form, -inf above": (functools.partial(_causal_only, above=-math.inf),
+                                        "you put −inf (the causal mask itself)"),
+    "key position only": (_key_position_only, "slope·j, the key position alone"),
+    "key position only, one row": (functools.partial(_key_position_only, one_row=True),
+                                   "slope·j, the key position alone"),
+    "key position only, masked": (functools.partial(_key_position_only, masked=True),
+                                  "slope·j, the key position alone"),
 }
 
 
@@ -177,6 +202,28 @@ ALIBI_WRONG = {
 def test_alibi_checker_rejects_typical_mistakes(name, capsys):
     fn, message = ALIBI_WRONG[name]
     rejects(ch02.check_alibi, fn, message, capsys)
+
+
+@pytest.mark.parametrize("fn", [_causal_only, functools.partial(_causal_only, above=-math.inf),
+                                _key_position_only, functools.partial(_key_position_only, one_row=True)],
+                         ids=["causal zeros", "causal -inf", "key only", "key only, one row"])
+def test_alibi_checker_explains_why_a_causal_form_is_not_the_answer(fn, capsys):
+    """The paper's causal forms are right under a causal mask: the message says so, and says what is asked."""
+    ok, out = verdict(ch02.check_alibi, fn, capsys)
+    assert not ok
+    assert "causal mask" in out and "symmetric bias −slope·|i − j|" in out and "without a causal mask" in out, out
+
+
+def test_the_causal_forms_attend_like_alibi_under_a_causal_mask():
+    """What the message claims: under a causal mask each causal form gives ALiBi's attention weights."""
+    h, n = 8, 6
+    scores = torch.randn(1, h, n, n, generator=torch.Generator().manual_seed(0))
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)
+    want = torch.softmax((scores + alibi_bias(h, n)).masked_fill(future, -math.inf), -1)
+    for bias in (_causal_only(h, n), _causal_only(h, n, above=-math.inf), _key_position_only(h, n),
+                 _key_position_only(h, n, one_row=True)):
+        got = torch.softmax((scores + bias).masked_fill(future, -math.inf), -1)
+        assert torch.allclose(got, want, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- T5 buckets
@@ -204,6 +251,21 @@ def test_bucket_checker_accepts_correct_answers(fn, capsys):
     assert ok and "✅" in out
 
 
+# The golden values of /work/shared/specs/pretraining-objectives.md (32 buckets, max_distance 128),
+# also asserted in chapter 2 and by the T5 model's tests: relative position -> bucket.
+GOLDEN_BIDIRECTIONAL = {-200: 15, -64: 14, -32: 12, -16: 10, -8: 8, -7: 7, 0: 0, 1: 17, 7: 23, 8: 24,
+                        16: 26, 32: 28, 64: 30, 127: 31, 128: 31, 500: 31}
+GOLDEN_CAUSAL = {0: 0, 3: 0, -1: 1, -15: 15, -16: 16, -32: 21, -64: 26, -128: 31, -500: 31}
+
+
+@pytest.mark.parametrize("fn", [relative_position_bucket, bucket_from_scratch], ids=["package", "from scratch"])
+def test_buckets_match_the_golden_values(fn):
+    for bidirectional, golden in ((True, GOLDEN_BIDIRECTIONAL), (False, GOLDEN_CAUSAL)):
+        rel = torch.tensor(list(golden))
+        got = fn(rel, bidirectional, 32, 128)
+        assert got.tolist() == list(golden.values()), (bidirectional, got.tolist())
+
+
 BUCKET_WRONG = {
     "query minus key": (lambda r, b, n, m: relative_position_bucket(-r, b, n, m), "sign convention is reversed"),
     "num_buckets not halved": (lambda r, b, n, m: relative_position_bucket(r, b, 2 * n if b else n, m),
@@ -212,6 +274,10 @@ BUCKET_WRONG = {
     "not clamped": (functools.partial(bucket_from_scratch, clamp=False), "does not exist"),
     "linear, no log": (functools.partial(bucket_from_scratch, logarithmic=False), "logarithmically"),
     "float buckets": (lambda r, b, n, m: relative_position_bucket(r, b, n, m).float(), "return integers"),
+    "offset for r >= 0": (lambda r, b, n, m: relative_position_bucket(r, b, n, m) + (b and 1) * (r == 0) * (n // 2),
+                          "relative position 0 is bucket 0"),
+    "causal with |r|": (lambda r, b, n, m: relative_position_bucket(r, b, n, m) if b else
+                        relative_position_bucket(-r.abs(), False, n, m), "not its absolute value"),
 }
 
 

@@ -171,8 +171,46 @@ def _bias_from(slopes: Tensor, n: int) -> Tensor:
     return -(slopes[:, None, None].double() * (pos[:, None] - pos[None, :]).abs())[None]
 
 
+def _causal_forms(got: Tensor, want: Tensor) -> None:
+    """Recognise the paper's causal forms of ALiBi, which are right under a causal mask only.
+
+    ``got`` and ``want`` are ``(1, heads, n, n)`` on the CPU; ``want`` is ``-slope · |i - j|``.
+    """
+    n = want.shape[-1]
+    past = torch.ones(n, n, dtype=torch.bool).tril()  # keys j <= i, what a causal mask keeps
+    got = got.double()
+    if n < 2 or not torch.isfinite(got[..., past]).all():
+        return
+    symmetric = ("this exercise asks for the symmetric bias −slope·|i − j| at every (i, j), what "
+                 "alibi_bias returns and what a model without a causal mask (an encoder) needs")
+    if close(got[..., past], want[..., past], atol=1e-4, rtol=1e-4):
+        future = got[..., ~past]
+        if torch.isneginf(future).all():
+            above = "−inf (the causal mask itself)"
+        elif (future == 0).all():
+            above = "zeros"
+        else:
+            above = "other values"
+        raise Failed("on and below the diagonal (keys j ≤ i) your bias is the paper's causal form "
+                     f"−slope·(i − j), and above it you put {above}. That is right inside a causal "
+                     f"model, where future keys are masked anyway; but {symmetric}: fill the upper "
+                     "triangle with −slope·(j − i) too, and leave the masking to the mask")
+    gap = (got - want)[0]  # (heads, n, n)
+    rows = [gap[:, i, : i + 1] - gap[:, i, :1] for i in range(n)]  # each row's gap minus its first
+    if all(close(row, torch.zeros_like(row), atol=1e-4) for row in rows):
+        raise Failed("on and below the diagonal your bias is −slope·(i − j) plus a constant in each "
+                     "row — for instance slope·j, the key position alone, as in the ALiBi authors' "
+                     "code. Under a causal mask the softmax ignores a per-row constant, so that "
+                     f"model attends exactly like ALiBi; but {symmetric}")
+
+
 def check_alibi(fn: Callable[[int, int], Tensor]) -> bool:
-    """``fn(num_heads, n)`` must return ``-slope_h · |i - j|`` as ``(1, num_heads, n, n)``."""
+    """``fn(num_heads, n)`` must return ``-slope_h · |i - j|`` as ``(1, num_heads, n, n)``.
+
+    The paper's causal forms (−slope·(i − j) with zeros or −inf above the diagonal, or the
+    reference code's slope·j) are recognised and explained: right under a causal mask, but not
+    the symmetric bias this exercise asks for.
+    """
 
     def case(h: int, n: int) -> Callable[[], None]:
         def check() -> None:
@@ -181,6 +219,8 @@ def check_alibi(fn: Callable[[int, int], Tensor]) -> bool:
             if isinstance(got, Tensor) and got.shape == want.shape[1:]:
                 raise Failed(f"shape {tuple(got.shape)}: add a leading batch dim of 1, "
                              f"(1, heads, n, n) = {tuple(want.shape)}, so it broadcasts over the batch")
+            if isinstance(got, Tensor) and got.shape == (1, h, 1, n) and got.is_floating_point():
+                _causal_forms(got.detach().cpu().expand(1, h, n, n), want)  # slope·j, one row for all queries
             expect_tensor(got, want, f"the bias for {h} heads, n={n}")
             if not got.is_floating_point():
                 raise Failed(f"the bias must be floating point, got dtype {got.dtype}")
@@ -205,6 +245,11 @@ def check_alibi(fn: Callable[[int, int], Tensor]) -> bool:
                     f"{h} is not a power of 2: the paper takes the {2 ** int(math.log2(h))} slopes "
                     f"of {2 ** int(math.log2(h))} heads, then every other slope of "
                     f"{2 ** (int(math.log2(h)) + 1)} heads for the rest — not 2^(-8/{h}·i)"))
+            if not close(got.detach().cpu(), want, atol=1e-4, rtol=1e-4):
+                for wrong, message in variants:
+                    if close(got.detach().cpu(), wrong, atol=1e-4, rtol=1e-4):
+                        raise Failed(message)
+                _causal_forms(got.detach().cpu(), want)
             _diagnose(got, want, variants, f"the bias for {h} heads, n={n}")
         return check
 
@@ -241,6 +286,15 @@ def check_relative_bucket(fn: Callable[[Tensor, bool, int, int], Tensor]) -> boo
                     got, relative_position_bucket(rel, True, 2 * num_buckets, max_distance)):
                 raise Failed("bidirectional buckets are split in two halves: halve num_buckets first, "
                              "then keys to the right get the offset num_buckets/2")
+            zero = rel == 0
+            if bidirectional and torch.equal(got[~zero], want[~zero]) and int(got[zero]) == num_buckets // 2:
+                raise Failed("the query's own position (relative position 0) went to the right-hand half: "
+                             "only keys strictly to the right (relative position > 0) get the offset "
+                             "num_buckets/2, so relative position 0 is bucket 0")
+            if not bidirectional and torch.equal(got[rel <= 0], want[rel <= 0]) and bool((got[rel > 0] > 0).any()):
+                raise Failed("causal buckets: keys to the right (relative position > 0) are future keys and "
+                             "all share bucket 0 — the distance is max(−relative_position, 0), not its "
+                             "absolute value")
             if int(got.max()) >= num_buckets:
                 raise Failed(f"bucket {int(got.max())} does not exist (0..{num_buckets - 1}): clamp "
                              "the log-spaced buckets at the last one")
