@@ -39,6 +39,27 @@ def test_probe_is_causal_when_asked():
     assert torch.allclose(model(tokens)[:, :5], model(changed)[:, :5], atol=1e-5)
 
 
+@pytest.mark.parametrize("position", POSITIONS)
+def test_probe_is_causal_flag_equals_an_explicit_causal_mask(position):
+    """The probe passes is_causal=True (no mask built); that must equal the layers run with causal_mask."""
+    from tfm_course.attention import causal_mask
+
+    torch.manual_seed(0)
+    model = PositionProbe(11, position, d_model=16, num_heads=2, num_layers=2, max_len=12).eval()
+    tokens = torch.randint(11, (2, 9))
+    with torch.no_grad():
+        x = model.embed(tokens)
+        if model.absolute is not None:
+            x = model.absolute(x)
+        bias = model.relative(9) if model.relative is not None else None
+        if position == "alibi":
+            from tfm_course.positional import alibi_bias
+            bias = alibi_bias(2, 9)
+        for layer in model.layers:
+            x = layer(x, mask=causal_mask(9), position_bias=bias)
+        assert torch.allclose(model(tokens), model.head(model.norm(x)), atol=1e-5)
+
+
 def test_probe_shares_one_rotary_module_across_layers():
     model = PositionProbe(11, "rope", d_model=16, num_heads=2, num_layers=3)
     rotaries = {id(layer.self_attn.rotary) for layer in model.layers}

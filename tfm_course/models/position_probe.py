@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..attention import causal_mask
 from ..layers import EncoderLayer, LayerNorm
 from ..positional import (
     LearnedPositionalEmbedding,
@@ -35,7 +34,8 @@ class PositionProbe(nn.Module):
             :class:`RotaryEmbedding`); ``alibi`` / ``t5`` add a bias to the scores of every layer
             (T5's bias table is shared by the layers, as in T5).
         max_len: size of the sinusoidal / learned tables (longer inputs raise ``ValueError``).
-        causal: mask future keys (a decoder-style model); ``False`` gives a bidirectional encoder.
+        causal: mask future keys (a decoder-style model) through ``is_causal=True``, without
+            building a mask; ``False`` gives a bidirectional encoder.
         num_classes: output classes per position (default ``vocab_size``).
     """
 
@@ -74,7 +74,6 @@ class PositionProbe(nn.Module):
             bias = alibi_bias(self.num_heads, n, device=device)  # (1, heads, n, n)
         elif self.relative is not None:
             bias = self.relative(n)
-        mask = causal_mask(n, device=device) if self.causal else None
-        for layer in self.layers:
-            x = layer(x, mask=mask, position_bias=bias)
+        for layer in self.layers:  # is_causal: no mask is built, so CUDA can use FlashAttention
+            x = layer(x, position_bias=bias, is_causal=self.causal)
         return self.head(self.norm(x))
