@@ -143,3 +143,24 @@ def test_layer_kinds_and_bad_input():
         state_bytes(torch.nn.Linear(2, 2), 4)
     with pytest.raises(ValueError, match="context_len"):
         model.state_bytes(-1)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_step_leaves_the_given_state_untouched(mixer):
+    """Generation can branch: stepping from a state never changes that state in place."""
+    model, tokens = _model(mixer), _tokens(length=6)
+    _, state = model.prefill(tokens[:, :5])
+    before = [t.clone() for t in _flat(state)]
+    with torch.no_grad():
+        first, _ = model.step(tokens[:, 5], state)
+        again, _ = model.step(tokens[:, 5], state)
+    assert all(torch.equal(a, b) for a, b in zip(before, _flat(state)))
+    torch.testing.assert_close(first, again)
+
+
+def _flat(state):
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [t for s in state for t in _flat(s)]
+    return []

@@ -80,8 +80,12 @@ def test_generation_profile_memory_grows_only_for_attention():
             assert r["state_bytes"] == model.state_bytes(r["context"]) and r["s_per_token"] > 0
     assert rows["attention"][2]["state_bytes"] == 2 * rows["attention"][1]["state_bytes"]
     assert rows["mamba"][0]["state_bytes"] == rows["mamba"][2]["state_bytes"]
+    median = generation_profile(model, [4], repeats=3, stat="median")
+    assert median[0]["s_per_token"] > 0 and median[0]["state_bytes"] == model.state_bytes(4)
     with pytest.raises(ValueError, match="positive"):
         generation_profile(model, [0, 4])
+    with pytest.raises(ValueError, match="stat"):
+        generation_profile(model, [4], stat="mean")
 
 
 def test_scan_timings_rows():

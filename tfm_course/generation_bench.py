@@ -11,6 +11,8 @@ measure both on whatever device the model lives on.
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Sequence
 
 import torch
@@ -24,37 +26,46 @@ __all__ = ["generation_profile", "scan_timings"]
 
 @torch.no_grad()
 def generation_profile(model: torch.nn.Module, contexts: Sequence[int], batch: int = 1,
-                       repeats: int = 20, seed: int = 0) -> list[dict]:
-    """Memory and time of one generation step after each context length in ``contexts``.
+                       repeats: int = 20, stat: str = "min", seed: int = 0) -> list[dict]:
+    """Memory and time of generation steps after each context length in ``contexts``.
 
     ``model`` needs ``step(token (batch,), state) -> (logits, state)`` (e.g.
     :class:`~tfm_course.models.mixer_lm.MixerLM`) and an ``embed`` table; random tokens are fed
     one by one (the prefill is the same step loop). At each context n the row holds:
 
     * ``state_bytes`` — bytes of the tensors in the state after n tokens, per sequence;
-    * ``s_per_token`` — the fastest of ``repeats`` single steps taken from that same state
-      (synchronised on a GPU), so every timed step sees exactly n earlier tokens.
+    * ``s_per_token`` — seconds of one step, the fastest (``stat="min"``, steady on a busy
+      machine) or the median of the ``repeats`` consecutive steps that follow (synchronised on a
+      GPU). They are real generation steps: a KV cache grows by one token at each of them.
     """
     contexts = sorted(set(contexts))
     if not contexts or contexts[0] < 1:
         raise ValueError(f"contexts must be positive token counts, got {list(contexts)}")
+    if stat not in ("min", "median"):
+        raise ValueError(f"stat must be 'min' or 'median', got {stat!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be positive, got {repeats}")
     device = next(model.parameters()).device
-    vocab_size = model.embed.num_embeddings
     gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(vocab_size, (batch, contexts[-1] + 1), generator=gen).to(device)
+    tokens = torch.randint(model.embed.num_embeddings, (batch, contexts[-1] + repeats), generator=gen)
+    tokens = tokens.to(device)
     was_training = model.training
     model.eval()
     rows, state, done = [], None, 0
     for n in contexts:
-        for t in range(done, n):
+        for t in range(done, n):  # prefill to exactly n tokens
             _, state = model.step(tokens[:, t], state)
+        row = {"context": n, "state_bytes": tensor_bytes(state) // batch}
+        times, branch = [], state  # step() never changes a state in place: branch off it
+        for t in range(n, n + repeats):
+            synchronize(device)
+            start = time.perf_counter()
+            _, branch = model.step(tokens[:, t], branch)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
         done = n
-        next_token = tokens[:, n]
-        seconds = time_fn(lambda: model.step(next_token, state), repeats=repeats, warmup=2,
-                          device=device, stat="min")
-        rows.append({"context": n, "state_bytes": tensor_bytes(state) // batch,
-                     "s_per_token": seconds})
-    synchronize(device)
+        row["s_per_token"] = min(times) if stat == "min" else statistics.median(times)
+        rows.append(row)
     model.train(was_training)
     return rows
 

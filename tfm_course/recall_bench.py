@@ -12,7 +12,7 @@ model's top prediction, on a fixed test set drawn from a separate generator.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,7 @@ class RecallResult:
     state_bytes: int  # generation state per sequence after seq_len tokens (fp32)
     seconds: float  # training wall-clock time
     steps: int  # optimiser steps taken (fewer than asked if the target was reached)
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test accuracy) evaluations
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -103,4 +104,4 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
                     progress=progress, desc=f"{mixer} L={seq_len} pairs={n_pairs}")
     return RecallResult(mixer, seq_len, n_pairs, seed, history.last("accuracy"),
                         model.num_parameters(), model.state_bytes(seq_len), history.seconds,
-                        len(history.steps))
+                        len(history.steps), [(s + 1, a) for s, a in history.metrics["accuracy"]])
