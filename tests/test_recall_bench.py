@@ -55,7 +55,8 @@ def test_train_recall_reports_what_it_trained():
     model = MixerLM(16, "retnet", d_model=16)
     assert result.parameters == model.num_parameters()
     assert result.state_bytes == model.state_bytes(12)
-    assert 0.0 <= result.accuracy <= 1.0 and result.seconds > 0
+    assert 0.0 <= result.accuracy <= 1.0 and result.seconds > 0 and result.cpu_seconds > 0
+    assert [step for step, _ in result.curve] == [2, 4]
     assert result.as_dict()["mixer"] == "retnet"
     early = train_recall("attention", 12, 2, vocab_size=16, d_model=16, steps=50, batch_size=8,
                          n_test=16, eval_every=5, target=0.0, device="cpu")
@@ -116,7 +117,8 @@ def test_bench_recall_script_writes_table_json_and_figure(tmp_path, capsys):
     assert [(r["mixer"], r["seq_len"], r["seeds"]) for r in summary] == [
         ("attention", 12, 2), ("hybrid", 12, 2), ("attention", 15, 2), ("hybrid", 15, 2)]
     table = (tmp_path / "bench_recall.md").read_text()
-    assert "| hybrid | 15 | 3 |" in table and "state bytes" in table
+    assert "| hybrid | 15 | 3 |" in table and "state bytes" in table and "CPU seconds" in table
+    assert all(0 < r["cpu_seconds"] for r in report["records"])
     assert (tmp_path / "bench_recall.png").stat().st_size > 10_000
 
 

@@ -12,6 +12,7 @@ model's top prediction, on a fixed test set drawn from a separate generator.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -40,6 +41,8 @@ class RecallResult:
     seconds: float  # training wall-clock time
     steps: int  # optimiser steps taken (fewer than asked if the target was reached)
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test accuracy) evaluations
+    cpu_seconds: float = 0.0  # CPU time of this process while training: on a busy machine, the
+    #                           wall-clock time the same single-threaded run would take on an idle one
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -98,10 +101,12 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
     def reached(history) -> bool:
         return target is not None and history.last("accuracy") >= target
 
+    cpu_start = time.process_time()
     history = train(model, make_batch, loss_fn, steps=steps, lr=lr,
                     schedule=warmup_cosine(min(50, steps // 10), steps), eval_fn=eval_fn,
                     eval_every=eval_every, stop_when=reached, time_limit_s=time_limit_s,
                     progress=progress, desc=f"{mixer} L={seq_len} pairs={n_pairs}")
     return RecallResult(mixer, seq_len, n_pairs, seed, history.last("accuracy"),
                         model.num_parameters(), model.state_bytes(seq_len), history.seconds,
-                        len(history.steps), [(s + 1, a) for s, a in history.metrics["accuracy"]])
+                        len(history.steps), [(s + 1, a) for s, a in history.metrics["accuracy"]],
+                        time.process_time() - cpu_start)

@@ -11,7 +11,8 @@ and writes into ``--out``:
 * ``bench_recall.json`` — the command, the machine and one record per run (rewritten after every
   run, so an interrupted benchmark keeps what it finished);
 * ``bench_recall.md`` — model × setting: accuracy (mean, min–max over seeds), parameters, state
-  bytes per sequence after L tokens (KV cache or recurrent state, fp32), seconds, steps;
+  bytes per sequence after L tokens (KV cache or recurrent state, fp32), seconds (wall clock and
+  this process's CPU time, which is what counts on a shared machine), steps;
 * ``bench_recall.png`` — accuracy vs number of pairs, and accuracy vs state bytes.
 
 On a GPU the runs go to ``--workers`` processes at once (small models leave the GPU mostly idle).
@@ -105,17 +106,19 @@ def summarise(records: list[dict]) -> list[dict]:
                      "accuracy": statistics.mean(acc), "accuracy_min": min(acc), "accuracy_max": max(acc),
                      "parameters": runs[0]["parameters"], "state_bytes": runs[0]["state_bytes"],
                      "seconds": statistics.mean(r["seconds"] for r in runs),
+                     "cpu_seconds": statistics.mean(r.get("cpu_seconds", 0.0) for r in runs),
                      "steps": statistics.mean(r["steps"] for r in runs)})
     return rows
 
 
 def markdown(rows: list[dict], header: str) -> str:
     lines = [header, "", "| model | L | pairs | accuracy (mean, min–max) | seeds | parameters | "
-             "state bytes | seconds | steps |", "|---|---|---|---|---|---|---|---|---|"]
+             "state bytes | seconds | CPU seconds | steps |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['mixer']} | {r['seq_len']} | {r['n_pairs']} | {r['accuracy']:.3f} "
                      f"({r['accuracy_min']:.3f}–{r['accuracy_max']:.3f}) | {r['seeds']} | "
-                     f"{r['parameters']:,} | {r['state_bytes']:,} | {r['seconds']:.1f} | {r['steps']:.0f} |")
+                     f"{r['parameters']:,} | {r['state_bytes']:,} | {r['seconds']:.1f} | "
+                     f"{r['cpu_seconds']:.1f} | {r['steps']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         records.append(record)
         print(f"{record['mixer']:>9} L={record['seq_len']:<4} pairs={record['n_pairs']:<3} "
               f"seed={record['seed']} accuracy={record['accuracy']:.3f} steps={record['steps']} "
-              f"{record['seconds']:.1f} s", flush=True)
+              f"{record['seconds']:.1f} s ({record['cpu_seconds']:.1f} s CPU)", flush=True)
         report = {"command": command, "machine": where, "args": {k: v for k, v in vars(args).items()
                   if k not in ("setting_list", "mixer_list")}, "records": records,
                   "summary": summarise(records), "wall_s": time.perf_counter() - start}
