@@ -311,7 +311,8 @@ def hf_model(name: str):
 @pytest.mark.parametrize("name", HF_CONFIGS)
 def test_same_logits_as_hugging_face(name):
     hf = hf_model(name)
-    ours = T5.from_hf(hf).eval()
+    ours = T5.from_hf(hf)
+    assert not ours.training  # the copy keeps the original's mode
     vocab = hf.config.vocab_size
     src_len = 40 if "40" in name else 13  # 40 tokens: distances beyond max_distance share a bucket
     src, mask, dec = batch(7, src_len=src_len, tgt_len=9, vocab=vocab)
@@ -340,7 +341,8 @@ def test_from_pretrained_reads_a_save_pretrained_folder(tmp_path):
     hf.save_pretrained(tmp_path)
     weights = next(p for p in tmp_path.iterdir() if p.suffix in (".safetensors", ".bin"))
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
-    ours = T5.from_pretrained(tmp_path, sha256=digest).eval()
+    ours = T5.from_pretrained(tmp_path, sha256=digest)
+    assert not ours.training  # dropout off, as Hugging Face's from_pretrained
     src, mask, dec = batch(9)
     with torch.no_grad():
         want = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=dec).logits

@@ -233,21 +233,26 @@ class T5(nn.Module):
     # ----------------------------------------------------------------------- Hugging Face
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> "T5":
-        """A copy of a Hugging Face ``T5ForConditionalGeneration`` (same logits in fp32)."""
+        """A copy of a Hugging Face ``T5ForConditionalGeneration`` (same logits in fp32), on its
+        device and in its train / eval mode."""
         config = T5Config.from_hf(hf_model.config)
         state = hf_model.state_dict()
         if hf_model.lm_head.weight.data_ptr() == hf_model.shared.weight.data_ptr():
             state.pop("lm_head.weight", None)  # tied
-        return cls._from_hf_state(config, state).to(hf_model.shared.weight.device)
+        model = cls._from_hf_state(config, state).to(hf_model.shared.weight.device)
+        return model.train(hf_model.training)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, sha256: str | None = None) -> "T5":
         """Load a ``save_pretrained`` folder (``config.json`` + ``model.safetensors`` or
-        ``pytorch_model.bin``) without importing ``transformers``; ``sha256`` pins the weights file."""
+        ``pytorch_model.bin``) without importing ``transformers``; ``sha256`` pins the weights file.
+
+        Returns the model on the CPU in ``eval()`` mode (dropout off), as Hugging Face does.
+        """
         config_dict, state = read_hf_folder(folder, sha256)
         if "lm_head.weight" in state and torch.equal(state["lm_head.weight"], state["shared.weight"]):
             state.pop("lm_head.weight")  # tied, saved twice
-        return cls._from_hf_state(T5Config.from_hf(config_dict), state)
+        return cls._from_hf_state(T5Config.from_hf(config_dict), state).eval()
 
     @classmethod
     def _from_hf_state(cls, config: T5Config, state: dict[str, Tensor]) -> "T5":
