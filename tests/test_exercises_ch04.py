@@ -108,18 +108,18 @@ def test_rms_norm_checker_rejects_typical_mistakes(name, capsys):
 
 
 # --------------------------------------------------------------------------- SwiGLU
-def swiglu_package(x, w, v, w2):
-    d, d_ff = w.shape
+def swiglu_package(x, w_gate, w_up, w_down):
+    d, d_ff = w_gate.shape
     ffn = FeedForward(d, d_ff, activation="swiglu", bias=False)
     with torch.no_grad():
-        ffn.linear1.weight.copy_(w.T)
-        ffn.gate.weight.copy_(v.T)
-        ffn.linear2.weight.copy_(w2.T)
+        ffn.gate.weight.copy_(w_gate.T)
+        ffn.up.weight.copy_(w_up.T)
+        ffn.down.weight.copy_(w_down.T)
     return ffn(x)
 
 
 @pytest.mark.parametrize("fn", [swiglu_package,
-                                lambda x, w, v, w2: ((x @ w) * torch.sigmoid(x @ w) * (x @ v)) @ w2],
+                                lambda x, wg, wu, wd: ((x @ wg) * torch.sigmoid(x @ wg) * (x @ wu)) @ wd],
                          ids=["package", "by hand"])
 def test_swiglu_checker_accepts_correct_answers(fn, capsys):
     ok, out = verdict(ch04.check_swiglu, fn, capsys)
@@ -127,17 +127,31 @@ def test_swiglu_checker_accepts_correct_answers(fn, capsys):
 
 
 SWIGLU_WRONG = {
-    "gate on the wrong branch": (lambda x, w, v, w2: (F.silu(x @ v) * (x @ w)) @ w2, "wrong branch"),
-    "sigmoid (GLU)": (lambda x, w, v, w2: (torch.sigmoid(x @ w) * (x @ v)) @ w2, "that is GLU"),
-    "ReLU (ReGLU)": (lambda x, w, v, w2: (F.relu(x @ w) * (x @ v)) @ w2, "that is ReGLU"),
-    "GELU (GEGLU)": (lambda x, w, v, w2: (F.gelu(x @ w) * (x @ v)) @ w2, "that is GEGLU"),
-    "no linear branch": (lambda x, w, v, w2: F.silu(x @ w) @ w2, "the linear branch x v is missing"),
-    "SiLU after the product": (lambda x, w, v, w2: F.silu((x @ w) * (x @ v)) @ w2, "after the product"),
-    "no output projection": (lambda x, w, v, w2: F.silu(x @ w) * (x @ v), "apply the output projection"),
-    "transposed weights": (lambda x, w, v, w2: (F.silu(x @ w.T) * (x @ v.T)) @ w2.T,
+    "gate on the wrong branch": (lambda x, wg, wu, wd: (F.silu(x @ wu) * (x @ wg)) @ wd, "wrong branch"),
+    "the old package layout (gate = up)": (
+        lambda x, wg, wu, wd: _old_layout_package(x, wg, wu, wd), "wrong branch"),
+    "sigmoid (GLU)": (lambda x, wg, wu, wd: (torch.sigmoid(x @ wg) * (x @ wu)) @ wd, "that is GLU"),
+    "ReLU (ReGLU)": (lambda x, wg, wu, wd: (F.relu(x @ wg) * (x @ wu)) @ wd, "that is ReGLU"),
+    "GELU (GEGLU)": (lambda x, wg, wu, wd: (F.gelu(x @ wg) * (x @ wu)) @ wd, "that is GEGLU"),
+    "no up branch": (lambda x, wg, wu, wd: F.silu(x @ wg) @ wd, "the up branch x w_up is missing"),
+    "SiLU after the product": (lambda x, wg, wu, wd: F.silu((x @ wg) * (x @ wu)) @ wd, "after the product"),
+    "no output projection": (lambda x, wg, wu, wd: F.silu(x @ wg) * (x @ wu), "apply the output projection"),
+    "transposed weights": (lambda x, wg, wu, wd: (F.silu(x @ wg.T) * (x @ wu.T)) @ wd.T,
                            "your function raised RuntimeError"),
-    "returns None": (lambda x, w, v, w2: None, "should be a torch.Tensor"),
+    "returns None": (lambda x, wg, wu, wd: None, "should be a torch.Tensor"),
 }
+
+
+def _old_layout_package(x, w_gate, w_up, w_down):
+    """Loading w_up into the package's ``gate``, as the package's old names invited: the SiLU
+    then acts on x w_up."""
+    d, d_ff = w_gate.shape
+    ffn = FeedForward(d, d_ff, activation="swiglu", bias=False)
+    with torch.no_grad():
+        ffn.gate.weight.copy_(w_up.T)
+        ffn.up.weight.copy_(w_gate.T)
+        ffn.down.weight.copy_(w_down.T)
+    return ffn(x)
 
 
 @pytest.mark.parametrize("name", SWIGLU_WRONG)

@@ -35,7 +35,7 @@ def test_feedforward_is_two_linears_around_the_activation(activation, fn):
     x = torch.randn(2, 5, D)
     want = ffn.linear2(fn(ffn.linear1(x)))
     torch.testing.assert_close(ffn(x), want)
-    assert ffn.gate is None
+    assert not hasattr(ffn, "gate")  # SwiGLU's names (gate, up, down): tests/test_feedforward.py
     assert sum(p.numel() for p in ffn.parameters()) == 2 * D * FF + FF + D
 
 
@@ -43,8 +43,8 @@ def test_swiglu_formula_and_parameter_count():
     torch.manual_seed(0)
     ffn = FeedForward(D, FF, activation="swiglu", bias=False)
     x = torch.randn(3, D)
-    w, v, w2 = ffn.linear1.weight.T, ffn.gate.weight.T, ffn.linear2.weight.T
-    torch.testing.assert_close(ffn(x), (F.silu(x @ w) * (x @ v)) @ w2)
+    w_gate, w_up, w_down = ffn.gate.weight.T, ffn.up.weight.T, ffn.down.weight.T
+    torch.testing.assert_close(ffn(x), (F.silu(x @ w_gate) * (x @ w_up)) @ w_down)
     assert sum(p.numel() for p in ffn.parameters()) == 3 * D * FF
 
 

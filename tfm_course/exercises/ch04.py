@@ -3,7 +3,7 @@
 >>> from tfm_course.exercises import ch04
 >>> ch04.check_layer_norm(my_layer_norm)      # fn(x, weight, bias, eps) -> (..., d)
 >>> ch04.check_rms_norm(my_rms_norm)          # fn(x, weight, eps) -> (..., d)
->>> ch04.check_swiglu(my_swiglu)              # fn(x, w, v, w2) -> (..., d)
+>>> ch04.check_swiglu(my_swiglu)              # fn(x, w_gate, w_up, w_down) -> (..., d)
 >>> ch04.check_post_ln_layer(my_post_ln)      # fn(layer, x, mask=None) -> (batch, seq, d)
 >>> ch04.check_pre_ln_layer(my_pre_ln)        # fn(layer, x, mask=None) -> (batch, seq, d)
 
@@ -153,31 +153,42 @@ def check_rms_norm(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
 
 # --------------------------------------------------------------------------- SwiGLU
 def check_swiglu(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) -> bool:
-    """``fn(x, w, v, w2)`` must return (SiLU(x w) ⊙ (x v)) w2; w, v: (d, d_ff), w2: (d_ff, d)."""
+    """``fn(x, w_gate, w_up, w_down)`` must return (SiLU(x w_gate) ⊙ (x w_up)) w_down.
+
+    ``w_gate``, ``w_up``: (d, d_ff); ``w_down``: (d_ff, d). The names are those of
+    :class:`tfm_course.layers.FeedForward` and Hugging Face LLaMA (``gate_proj``, ``up_proj``,
+    ``down_proj``): the gate is the branch through the SiLU.
+    """
 
     def case(shape: tuple[int, ...], d_ff: int) -> Callable[[], None]:
         def check() -> None:
             g = _generator(sum(shape))
             d = shape[-1]
             x = torch.randn(*shape, generator=g)
-            w, v = torch.randn(d, d_ff, generator=g) / d**0.5, torch.randn(d, d_ff, generator=g) / d**0.5
-            w2 = torch.randn(d_ff, d, generator=g) / d_ff**0.5
-            want = (F.silu(x @ w) * (x @ v)) @ w2
-            got = attempt(fn, x.clone(), w.clone(), v.clone(), w2.clone())
+            w_gate = torch.randn(d, d_ff, generator=g) / d**0.5
+            w_up = torch.randn(d, d_ff, generator=g) / d**0.5
+            w_down = torch.randn(d_ff, d, generator=g) / d_ff**0.5
+            want = (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+            got = attempt(fn, x.clone(), w_gate.clone(), w_up.clone(), w_down.clone())
             if isinstance(got, Tensor) and got.shape == (*shape[:-1], d_ff):
                 raise Failed(f"shape {tuple(got.shape)} ends in d_ff = {d_ff}: apply the output "
-                             f"projection w2 to get back to d_model = {d}")
+                             f"projection w_down to get back to d_model = {d}")
             mistakes = [
-                (lambda: (F.silu(x @ v) * (x @ w)) @ w2,
-                 "SiLU is applied to the wrong branch: the gate is SiLU(x w), the linear branch x v"),
-                (lambda: (torch.sigmoid(x @ w) * (x @ v)) @ w2,
+                (lambda: (F.silu(x @ w_up) * (x @ w_gate)) @ w_down,
+                 "SiLU is applied to the wrong branch: the gate is SiLU(x w_gate), the up branch "
+                 "x w_up stays linear"),
+                (lambda: (torch.sigmoid(x @ w_gate) * (x @ w_up)) @ w_down,
                  "that is GLU (a sigmoid gate); SwiGLU's gate is SiLU / Swish: z · sigmoid(z)"),
-                (lambda: (F.relu(x @ w) * (x @ v)) @ w2, "that is ReGLU (a ReLU gate); SwiGLU uses SiLU"),
-                (lambda: (F.gelu(x @ w) * (x @ v)) @ w2, "that is GEGLU (a GELU gate); SwiGLU uses SiLU"),
-                (lambda: F.silu(x @ w) @ w2,
-                 "the linear branch x v is missing: SwiGLU multiplies SiLU(x w) element-wise by x v"),
-                (lambda: F.silu((x @ w) * (x @ v)) @ w2,
-                 "SiLU is applied after the product: SiLU(x w) ⊙ (x v), not SiLU(x w ⊙ x v)"),
+                (lambda: (F.relu(x @ w_gate) * (x @ w_up)) @ w_down,
+                 "that is ReGLU (a ReLU gate); SwiGLU uses SiLU"),
+                (lambda: (F.gelu(x @ w_gate) * (x @ w_up)) @ w_down,
+                 "that is GEGLU (a GELU gate); SwiGLU uses SiLU"),
+                (lambda: F.silu(x @ w_gate) @ w_down,
+                 "the up branch x w_up is missing: SwiGLU multiplies SiLU(x w_gate) element-wise "
+                 "by x w_up"),
+                (lambda: F.silu((x @ w_gate) * (x @ w_up)) @ w_down,
+                 "SiLU is applied after the product: SiLU(x w_gate) ⊙ (x w_up), not "
+                 "SiLU(x w_gate ⊙ x w_up)"),
             ]
             _compare(got, want, mistakes, "the SwiGLU output", atol=1e-4)
         return check
