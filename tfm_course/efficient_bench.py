@@ -13,8 +13,9 @@ A faster method gets more steps in the same time; a cheaper approximation may le
 How the budget is spent (``timing``):
 
 * ``"measured"`` (default): first time one training step (the fastest of several, after a
-  warm-up: other programs on the machine only ever add time), then train ``seconds / step``
-  steps. The step count, hence the result, barely depends on how busy the machine is.
+  warm-up; on a CPU its CPU time, which other programs do not inflate), then train
+  ``seconds / step`` steps. The step count, hence the result, barely depends on how busy the
+  machine is.
 * ``"wall"``: train until ``seconds`` of wall-clock time have passed (``train(time_limit_s=)``).
 
 On a CPU the runs use one thread (steadier on a busy machine, and what a small model needs).
@@ -23,6 +24,7 @@ On a CPU the runs use one thread (steadier on a busy machine, and what a small m
 from __future__ import annotations
 
 import copy
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -52,7 +54,7 @@ class QualityResult:
     seed: int
     length: int
     steps: int  # optimisation steps taken within the budget
-    step_ms: float  # one training step, the fastest of several (measured before training)
+    step_ms: float  # one training step, the fastest of several (CPU time on a CPU), before training
     seconds: float  # wall-clock time the training loop took
     accuracy: float  # on the held-out queries; chance is 1 / num_values
     parameters: int
@@ -126,7 +128,12 @@ def train_for(attention: str, seconds: float, seed: int = 0, length: int = 256,
 def _step_seconds(model: nn.Module, task: dict, batch_size: int, lr: float,
                   device: torch.device) -> float:
     """Fastest of several full training steps (data, forward, backward, AdamW) on a *copy* of the
-    model, so the model that is then trained starts from its initialisation."""
+    model, so the model that is then trained starts from its initialisation.
+
+    On a CPU (one thread) this is the process's CPU time, which other programs on a busy machine do
+    not inflate, so the step count matches what an idle machine would reach; on a GPU, wall-clock
+    time with synchronisation.
+    """
     probe = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(probe.parameters(), lr=lr)
     g = torch.Generator().manual_seed(-1)
@@ -137,7 +144,16 @@ def _step_seconds(model: nn.Module, task: dict, batch_size: int, lr: float,
         loss.backward()
         optimizer.step()
 
-    return time_fn(step, repeats=5, warmup=2, device=device, stat="min")
+    if device.type != "cpu":
+        return time_fn(step, repeats=5, warmup=2, device=device, stat="min")
+    for _ in range(2):  # warm-up
+        step()
+    times = []
+    for _ in range(5):
+        start = time.process_time()
+        step()
+        times.append(time.process_time() - start)
+    return min(times)
 
 
 def quality_at_equal_time(attentions: Sequence[str], seconds: float, seeds: Sequence[int] = (0,),
