@@ -221,3 +221,11 @@ def test_t5_lengths_agree_with_t5s_helper_formula_away_from_float32_ties():
 def test_bad_input_gives_clear_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_batch_corruption_reads_nothing_back_from_the_device():
+    """On the meta device any host read (a data-dependent shape, .item()) or CPU-made tensor fails:
+    span_corrupt_batch must run there, as it runs in a GPU training loop without syncs."""
+    ids = torch.zeros(3, 128, dtype=torch.long, device="meta")
+    inputs, targets = span_corrupt_batch(ids, SENTINELS, EOS)
+    assert inputs.device.type == "meta" and (inputs.shape[1], targets.shape[1]) == t5_lengths(128)

@@ -225,6 +225,15 @@ def test_stepper_default_mask_is_src_not_pad_and_generate_keeps_the_mode():
     assert torch.equal(stepper.mask, mask)
 
 
+def test_forward_and_cached_steps_read_nothing_back_from_the_device():
+    """On the meta device a host read or a tensor made on the CPU fails: none in forward or steps."""
+    model = small().to("meta")
+    src, mask, dec = (t.to("meta") for t in batch())
+    assert model(src, dec, mask).shape == (3, 7, 61)
+    stepper = model.stepper(src, attention_mask=mask)
+    assert stepper(dec[:, :1]).shape == stepper(dec[:, :3]).shape == (3, 61)
+
+
 # --------------------------------------------------------------------------- training
 def test_a_few_steps_fit_one_span_corruption_batch():
     from tfm_course.data.span_corruption import span_corrupt_batch, t5_sentinel_ids

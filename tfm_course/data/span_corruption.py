@@ -131,16 +131,17 @@ def _span_starts(mask: Tensor) -> Tensor:
     return mask & ~torch.cat([torch.zeros_like(mask[..., :1]), mask[..., :-1]], dim=-1)
 
 
-def _spans_to_sentinels(ids: Tensor, mask: Tensor, sentinels: Tensor) -> Tensor:
-    """``(B, L)``: replace each run of True in ``mask`` by the next sentinel, keep the other tokens.
-
-    Every row must keep the same number of tokens (true of T5's masks), so the result is
-    ``(B, L')``.
+def _spans_to_sentinels(ids: Tensor, mask: Tensor, sentinels: Tensor, length: int) -> Tensor:
+    """``(B, L) -> (B, length)``: replace each run of True in ``mask`` by the next sentinel, keep
+    the other tokens. Every row must keep ``length`` tokens (true of T5's masks, whose counts are
+    known in advance), so no data-dependent shape, and no host sync on a GPU, is needed.
     """
     first = _span_starts(mask)
     span = first.long().cumsum(-1) - 1  # which span a token belongs to (-1 before the first)
     out = torch.where(first, sentinels[span.clamp(min=0)], ids)
-    return out[first | ~mask].view(ids.shape[0], -1)  # drop the rest of each span
+    dropped = (mask & ~first).to(torch.uint8)  # the rest of each span
+    order = torch.argsort(dropped, dim=-1, stable=True)[..., :length]  # kept positions, in order
+    return out.gather(-1, order)
 
 
 def _append(x: Tensor, eos_id: int | None) -> Tensor:
@@ -185,8 +186,11 @@ def span_corrupt(ids: Tensor | Sequence[int], sentinel_ids: Sequence[int], eos_i
     if sentinels.dim() != 1 or sentinels.numel() < needed:
         raise ValueError(f"this mask has {needed} spans to mark but only {sentinels.numel()} "
                          "sentinel ids were given")
-    inputs = _spans_to_sentinels(ids[None], noise_mask[None], sentinels)[0]
-    targets = _spans_to_sentinels(ids[None], ~noise_mask[None], sentinels)[0]
+    noise_starts, kept_starts = _span_starts(noise_mask), _span_starts(~noise_mask)
+    n_in = ids.numel() - int(noise_mask.sum()) + int(noise_starts.sum())
+    n_tgt = int(noise_mask.sum()) + int(kept_starts.sum())
+    inputs = _spans_to_sentinels(ids[None], noise_mask[None], sentinels, n_in)[0]
+    targets = _spans_to_sentinels(ids[None], ~noise_mask[None], sentinels, n_tgt)[0]
     return _append(inputs, eos_id), _append(targets, eos_id)
 
 
@@ -196,7 +200,8 @@ def span_corrupt_batch(ids: Tensor, sentinel_ids: Sequence[int], eos_id: int | N
     """A fresh mask per row of ``ids (B, L)`` -> ``inputs (B, L_in)``, ``targets (B, L_tgt)``.
 
     Every T5 mask of length L has the same counts, so every row has the lengths of
-    :func:`t5_lengths` and the batch needs no padding. Vectorised: no Python loop over rows.
+    :func:`t5_lengths` and the batch needs no padding. Vectorised (no Python loop over rows) and
+    without a host sync: on a GPU, pass a generator on that device.
     """
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[0] == 0 or ids.is_floating_point():
         raise ValueError(f"ids must be integer token ids (batch, length) with batch >= 1, got "
@@ -209,8 +214,9 @@ def span_corrupt_batch(ids: Tensor, sentinel_ids: Sequence[int], eos_id: int | N
     masks = _noise_masks(batch, length, noise_density, mean_span_length, generator, ids.device)
     masks = masks.to(ids.device)
     sentinels = torch.as_tensor(list(sentinel_ids), dtype=torch.long, device=ids.device)
-    inputs = _spans_to_sentinels(ids.long(), masks, sentinels)
-    targets = _spans_to_sentinels(ids.long(), ~masks, sentinels)
+    n_in, n_tgt = t5_lengths(length, noise_density, mean_span_length, eos=False)
+    inputs = _spans_to_sentinels(ids.long(), masks, sentinels, n_in)
+    targets = _spans_to_sentinels(ids.long(), ~masks, sentinels, n_tgt)
     return _append(inputs, eos_id), _append(targets, eos_id)
 
 
