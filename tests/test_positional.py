@@ -329,3 +329,22 @@ def test_t5_bias_plugs_into_attention():
     bias = T5RelativeBias(3)(5)
     out = attention(randn(2, 5, 12), position_bias=bias)
     assert out.shape == (2, 5, 12)
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (128, 100), (64, 300), (16, 50)])
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_buckets_equal_hugging_face_at_every_distance(num_buckets, max_distance, bidirectional):
+    """Same order of operations as T5: at exact bucket boundaries another order rounds differently
+    (128 buckets, max distance 100, causal, -80 gave 95 instead of 96 before)."""
+    pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from tfm_course.positional import relative_position_bucket
+
+    rel = torch.arange(-5000, 5001)
+    ours = relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets,
+                                    max_distance=max_distance)
+    theirs = T5Attention._relative_position_bucket(rel, bidirectional=bidirectional,
+                                                   num_buckets=num_buckets, max_distance=max_distance)
+    assert torch.equal(ours, theirs)

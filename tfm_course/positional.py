@@ -250,8 +250,10 @@ def relative_position_bucket(relative_position: Tensor, bidirectional: bool = Tr
     if max_exact < 1 or max_distance <= max_exact:
         raise ValueError(f"need num_buckets per direction >= 2 and max_distance > {max_exact}, got "
                          f"{num_buckets} buckets and max_distance={max_distance}")
-    scale = (num_buckets - max_exact) / math.log(max_distance / max_exact)
-    large = max_exact + (torch.log(distance.clamp(min=1).float() / max_exact) * scale).long()
+    # T5's order of operations (log ratio first, then times the bucket count): at exact bucket
+    # boundaries another order can round the other way and disagree with T5 / Hugging Face
+    log_ratio = torch.log(distance.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
     large = large.clamp(max=num_buckets - 1)
     return buckets + torch.where(distance < max_exact, distance, large)
 
