@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from cuda_helpers import fp32_matmuls, needs_cuda
-from tfm_course.attention import kv_cache_bytes
+from tfm_course.attention import MultiHeadAttention, kv_cache_bytes
 from tfm_course.bench import count_flops
 import tfm_course.decoding as decoding
 from tfm_course.decoding import beam_search
-from tfm_course.models.gpt import GPT, GPTConfig, KVCache, Recompute
+from tfm_course.models.gpt import GPT, CausalSelfAttention, GPTConfig, KVCache, Recompute
 
 SMALL = dict(vocab_size=23, max_len=24, d_model=32, n_layers=2, n_heads=4)
 
@@ -70,6 +70,33 @@ def test_gpt2_initialisation():
             assert (p == 0).all(), name
         elif "norm" in name:
             assert (p == (1 if name.endswith("weight") else 0)).all(), name
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_attention_equals_multi_head_attention_with_the_three_matrices(bias):
+    """One (d, 3d) projection is W_q, W_k and W_v stacked: the same function as the package's
+    MultiHeadAttention with is_causal=True; and its cached step gives the rows of the full pass."""
+    torch.manual_seed(0)
+    ours, mha = CausalSelfAttention(32, 4, bias=bias).eval(), MultiHeadAttention(32, 4, bias=bias).eval()
+    with torch.no_grad():
+        w_q, w_k, w_v = ours.qkv.weight.chunk(3)
+        for proj, w in ((mha.q_proj, w_q), (mha.k_proj, w_k), (mha.v_proj, w_v),
+                        (mha.out_proj, ours.out_proj.weight)):
+            proj.weight.copy_(w)
+        if bias:
+            for proj, b in zip((mha.q_proj, mha.k_proj, mha.v_proj), ours.qkv.bias.chunk(3)):
+                proj.bias.copy_(b)
+            mha.out_proj.bias.copy_(ours.out_proj.bias)
+        x = torch.randn(3, 10, 32)
+        full = ours(x)
+        torch.testing.assert_close(full, mha(x, is_causal=True), atol=1e-6, rtol=1e-5)
+        out, cache = ours.step(x[:, :4], None)  # a prompt of 4, then 1, then 5 at once
+        rows = [out]
+        for a, b in ((4, 5), (5, 10)):
+            out, cache = ours.step(x[:, a:b], cache)
+            rows.append(out)
+        torch.testing.assert_close(torch.cat(rows, 1), full, atol=1e-6, rtol=1e-5)
+        assert cache[0].shape == (3, 4, 10, 8)
 
 
 def test_no_position_reads_the_future():

@@ -4,9 +4,12 @@
                                               # block 64, batch 12, vocabulary 65, no bias, dropout 0
     python tools/bench_gpt.py --threads 1 --repeats 7
 
-The reference below is written for this script from the GPT-2 description (Radford et al., 2019) in
-the style of nanoGPT's ``model.py``: one fused Q/K/V projection, ``F.layer_norm``, the fused causal
-kernel, the exact GELU, the output layer tied to the token embedding. Both models run the same
+The reference below is written for this script from the GPT-2 description (Radford et al., 2019) with
+the module layout of nanoGPT's ``model.py``: a LayerNorm module calling ``F.layer_norm``, one fused
+Q/K/V projection (``c_attn``), the fused causal kernel, an MLP module with ``nn.GELU`` (the exact
+GELU), dropout modules (p = 0 here, as in nanoGPT's CPU recipe, but called as nanoGPT calls them), the
+output layer tied to the token embedding. Both models run the same
+Both models run the same
 function (the script copies our weights into the reference and checks the logits agree), in one
 process, one after the other: each repeat times ``--steps`` forward+backward passes of each model,
 alternating which goes first, on the same batches. Tokens per second count batch × block per pass.
@@ -19,6 +22,7 @@ printed as well. Not run by the tests.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -38,48 +42,76 @@ from tfm_course.models.gpt import GPT, GPTConfig  # noqa: E402
 
 
 # --------------------------------------------------------------------------- the reference
-class RefAttention(nn.Module):
-    def __init__(self, d: int, heads: int, bias: bool) -> None:
+class RefLayerNorm(nn.Module):
+    """LayerNorm with an optional bias (``nn.LayerNorm`` gained ``bias=`` only in PyTorch 2.1)."""
+
+    def __init__(self, d: int, bias: bool) -> None:
         super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(d, 3 * d, bias=bias)  # Q, K and V in one matrix multiply
-        self.proj = nn.Linear(d, d, bias=bias)
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class RefAttention(nn.Module):
+    def __init__(self, d: int, heads: int, bias: bool, dropout: float) -> None:
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.c_attn = nn.Linear(d, 3 * d, bias=bias)  # Q, K and V in one matrix multiply
+        self.c_proj = nn.Linear(d, d, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-                   for t in self.qkv(x).split(C, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+                   for t in self.c_attn(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+
+class RefMLP(nn.Module):
+    def __init__(self, d: int, bias: bool, dropout: float) -> None:
+        super().__init__()
+        self.c_fc, self.gelu = nn.Linear(d, 4 * d, bias=bias), nn.GELU()
+        self.c_proj, self.dropout = nn.Linear(4 * d, d, bias=bias), nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
 class RefBlock(nn.Module):
-    def __init__(self, d: int, heads: int, bias: bool) -> None:
+    def __init__(self, d: int, heads: int, bias: bool, dropout: float) -> None:
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d, bias=bias), nn.LayerNorm(d, bias=bias)
-        self.attn = RefAttention(d, heads, bias)
-        self.fc, self.fc_out = nn.Linear(d, 4 * d, bias=bias), nn.Linear(4 * d, d, bias=bias)
+        self.ln_1, self.attn = RefLayerNorm(d, bias), RefAttention(d, heads, bias, dropout)
+        self.ln_2, self.mlp = RefLayerNorm(d, bias), RefMLP(d, bias, dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
 
 
 class RefGPT(nn.Module):
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
+        self.block_size = c.max_len
         self.wte, self.wpe = nn.Embedding(c.vocab_size, c.d_model), nn.Embedding(c.max_len, c.d_model)
-        self.blocks = nn.ModuleList(RefBlock(c.d_model, c.n_heads, c.bias) for _ in range(c.n_layers))
-        self.ln_f = nn.LayerNorm(c.d_model, bias=c.bias)
-        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        self.head.weight = self.wte.weight
+        self.drop = nn.Dropout(c.dropout)
+        self.h = nn.ModuleList(RefBlock(c.d_model, c.n_heads, c.bias, c.dropout) for _ in range(c.n_layers))
+        self.ln_f = RefLayerNorm(c.d_model, c.bias)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
 
     def forward(self, idx: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
+        t = idx.shape[1]
+        assert t <= self.block_size, f"sequence of {t} tokens, block size {self.block_size}"
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.h:
             x = block(x)
-        logits = self.head(self.ln_f(x))
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+        logits = self.lm_head(self.ln_f(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
 
 
 def copy_into_reference(ours: GPT, ref: RefGPT) -> None:
@@ -89,23 +121,20 @@ def copy_into_reference(ours: GPT, ref: RefGPT) -> None:
         if bias is not None:
             dst.bias.copy_(bias)
 
-    def norm(dst: nn.LayerNorm, src: nn.Module) -> None:
+    def norm(dst: nn.Module, src: nn.Module) -> None:
         linear(dst, src.weight, src.bias)
 
     with torch.no_grad():
         ref.wte.weight.copy_(ours.tok_embed.weight)
         ref.wpe.weight.copy_(ours.pos_embed.weight)
         norm(ref.ln_f, ours.norm)
-        for r, o in zip(ref.blocks, ours.blocks):
-            norm(r.ln1, o.norm1)
-            norm(r.ln2, o.norm2)
-            a = o.attn
-            biases = None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias,
-                                                                    a.v_proj.bias])
-            linear(r.attn.qkv, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), biases)
-            linear(r.attn.proj, a.out_proj.weight, a.out_proj.bias)
-            linear(r.fc, o.ffn.linear1.weight, o.ffn.linear1.bias)
-            linear(r.fc_out, o.ffn.linear2.weight, o.ffn.linear2.bias)
+        for r, o in zip(ref.h, ours.blocks):
+            norm(r.ln_1, o.norm1)
+            norm(r.ln_2, o.norm2)
+            linear(r.attn.c_attn, o.attn.qkv.weight, o.attn.qkv.bias)
+            linear(r.attn.c_proj, o.attn.out_proj.weight, o.attn.out_proj.bias)
+            linear(r.mlp.c_fc, o.ffn.linear1.weight, o.ffn.linear1.bias)
+            linear(r.mlp.c_proj, o.ffn.linear2.weight, o.ffn.linear2.bias)
 
 
 # --------------------------------------------------------------------------- timing
@@ -139,6 +168,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="passes per timed repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
+    parser.add_argument("--control", action="store_true",
+                        help="also time a second copy of the reference: the ratio of two identical "
+                             "models is the noise floor of the measurement")
     args = parser.parse_args()
 
     if args.threads:
@@ -160,6 +192,8 @@ def main() -> None:
     torch.testing.assert_close(ours_logits, ref_logits, atol=1e-4, rtol=1e-4)
 
     models = {"tfm_course GPT": ours, "nanoGPT-style reference": ref}
+    if args.control:
+        models["reference, second copy"] = copy.deepcopy(ref)
     for model in models.values():  # warm-up: allocator, kernels, autograd graph caches
         seconds(model, batches[:2], device)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
@@ -174,11 +208,12 @@ def main() -> None:
     print(f"GPT: {args.layers} layers, {args.heads} heads, width {args.width}, block {args.block}, "
           f"batch {args.batch}, vocabulary {args.vocab}, bias {args.bias}: {n_params:,} parameters")
     print(f"forward + backward, {args.repeats} interleaved repeats of {args.steps} passes:")
-    ours_name, ref_name = list(models)
+    ours_name, ref_name = list(models)[:2]
     for clock, i in (("wall-clock", 0), ("CPU time", 1)):
         if clock == "CPU time" and device.type != "cpu":
             continue  # the CPU only queues GPU work: its time says nothing
-        print(f"  {clock} (CPU time is what this process computed, whatever else runs):")
+        note = " (what this process computed, whatever else runs)" if clock == "CPU time" else ""
+        print(f"  {clock}{note}:")
         for name, t in times.items():
             per = [tokens / run[i] for run in t]
             print(f"    {name:26s} best {max(per):9,.0f} tokens/s   median {statistics.median(per):9,.0f}")
@@ -186,6 +221,12 @@ def main() -> None:
         paired = [r[i] / o[i] for r, o in zip(times[ref_name], times[ours_name])]
         print(f"    ratio ours / reference (tokens/s): best-of-each {best_ratio:.3f}, "
               f"median of paired repeats {statistics.median(paired):.3f}")
+        if args.control:
+            copy_name = list(models)[2]
+            best_control = min(r[i] for r in times[ref_name]) / min(c[i] for c in times[copy_name])
+            paired = [r[i] / c[i] for r, c in zip(times[ref_name], times[copy_name])]
+            print(f"    control, second copy / reference: best-of-each {best_control:.3f}, "
+                  f"median of paired repeats {statistics.median(paired):.3f} (1 without noise)")
 
 
 if __name__ == "__main__":

@@ -30,11 +30,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import decoding
-from ..attention import MultiHeadAttention
+from ..attention import merge_heads, split_heads
 from ..layers import FeedForward, LayerNorm
-from .transformer import attend_with_cache, check_ids_in_range
+from .transformer import check_ids_in_range
 
-__all__ = ["GPTConfig", "GPT", "Block", "TanhGELUFeedForward", "Recompute", "KVCache"]
+__all__ = ["GPTConfig", "GPT", "Block", "CausalSelfAttention", "TanhGELUFeedForward", "Recompute",
+           "KVCache"]
 
 IGNORE_INDEX = -100  # a target equal to this is left out of the loss (PyTorch's default)
 
@@ -77,20 +78,68 @@ class TanhGELUFeedForward(FeedForward):
         return self.linear2(self.dropout(F.gelu(self.linear1(x), approximate="tanh")))
 
 
+class CausalSelfAttention(nn.Module):
+    """GPT-2's masked multi-head self-attention: ``(B, T, d_model) -> (B, T, d_model)``.
+
+    The maths of :class:`~tfm_course.attention.MultiHeadAttention` called with ``is_causal=True``
+    (chapter 8 asserts it), except that **one** ``(d_model -> 3·d_model)`` layer, ``qkv``, makes
+    the queries, keys and values: the three projection matrices stacked, as GPT-2's ``c_attn``
+    and nanoGPT store them. One matrix multiply instead of three, forward and backward, is what
+    lets this GPT train as fast as nanoGPT's (``tools/bench_gpt.py``). ``is_causal=True`` lets
+    PyTorch's fused kernel (FlashAttention on a recent GPU) skip the masked half of the scores
+    without ever reading a ``(T, T)`` mask.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.d_model, self.n_heads, self.dropout = d_model, n_heads, dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W_q | W_k | W_v], GPT-2's c_attn
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # GPT-2's c_proj
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(B, T, d_model)`` -> queries, keys and values, each ``(B, heads, T, d_head)``."""
+        q, k, v = self.qkv(x).split(self.d_model, dim=-1)
+        return split_heads(q, self.n_heads), split_heads(k, self.n_heads), split_heads(v, self.n_heads)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.project(x)
+        p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return self.out_proj(merge_heads(out))
+
+    def step(self, x: Tensor, past: tuple[Tensor, Tensor] | None
+             ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The KV cache: attention for ``n`` new positions ``x`` ``(B, n, d_model)`` that also
+        reads the keys and values ``past`` ``(B, heads, t, d_head)`` of the ``t`` positions
+        before them. Returns the output ``(B, n, d_model)`` and the keys and values of all
+        ``t + n`` positions. Inference only (no dropout)."""
+        q, k, v = self.project(x)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        n, total = x.shape[1], k.shape[2]
+        if n == 1:  # the newest query may read every key: no mask at all
+            out = F.scaled_dot_product_attention(q, k, v)
+        elif n == total:  # nothing cached yet (the prompt): plain causal attention
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # query i sits at position total - n + i and reads keys up to it
+            mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(diagonal=total - n)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out_proj(merge_heads(out)), (k, v)
+
+
 class Block(nn.Module):
     """A pre-LN decoder block without cross-attention: ``(B, T, d_model) -> (B, T, d_model)``.
 
-    ``x = x + dropout(attn(norm1(x), causal));  x = x + dropout(ffn(norm2(x)))``, built from the
-    package's :class:`~tfm_course.attention.MultiHeadAttention`, ``FeedForward`` and ``LayerNorm``.
-    The attention gets ``is_causal=True`` rather than a mask tensor, so PyTorch's fused kernel
-    (FlashAttention on a recent GPU) never reads a ``(T, T)`` mask.
+    ``x = x + dropout(attn(norm1(x)));  x = x + dropout(ffn(norm2(x)))``, with
+    :class:`CausalSelfAttention` and the package's ``LayerNorm`` and ``FeedForward``
+    (:mod:`tfm_course.layers`).
     """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         d, p = config.d_model, config.dropout
         self.norm1 = LayerNorm(d, bias=config.bias)
-        self.attn = MultiHeadAttention(d, config.n_heads, bias=config.bias, dropout=p)
+        self.attn = CausalSelfAttention(d, config.n_heads, bias=config.bias, dropout=p)
         self.norm2 = LayerNorm(d, bias=config.bias)
         if config.activation == "gelu_tanh":
             self.ffn = TanhGELUFeedForward(d, 4 * d, bias=config.bias)
@@ -99,7 +148,7 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(p)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.dropout(self.attn(self.norm1(x), is_causal=True))
+        x = x + self.dropout(self.attn(self.norm1(x)))
         return x + self.dropout(self.ffn(self.norm2(x)))
 
 
@@ -233,7 +282,8 @@ class GPT(nn.Module):
         """A copy of a Hugging Face ``GPT2LMHeadModel`` (same logits, in fp32, to ~1e-6).
 
         Hugging Face's GPT-2 uses ``Conv1D`` layers whose weight is ``(in, out)``, the transpose
-        of ``nn.Linear``'s ``(out, in)``, and one ``c_attn`` that packs Q, K and V side by side.
+        of ``nn.Linear``'s ``(out, in)``; its ``c_attn`` packs Q, K and V side by side, like our
+        ``qkv``.
         """
         c = hf_model.config
         activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -261,32 +311,29 @@ class GPT(nn.Module):
             for block, h in zip(ours.blocks, hf.h):
                 _copy_norm(block.norm1, h.ln_1)
                 _copy_norm(block.norm2, h.ln_2)
-                w_q, w_k, w_v = h.attn.c_attn.weight.t().chunk(3)  # (out, in) each
-                b_q, b_k, b_v = h.attn.c_attn.bias.chunk(3)
-                for proj, w, b in ((block.attn.q_proj, w_q, b_q), (block.attn.k_proj, w_k, b_k),
-                                   (block.attn.v_proj, w_v, b_v), (block.attn.out_proj,
-                                   h.attn.c_proj.weight.t(), h.attn.c_proj.bias),
-                                   (block.ffn.linear1, h.mlp.c_fc.weight.t(), h.mlp.c_fc.bias),
-                                   (block.ffn.linear2, h.mlp.c_proj.weight.t(), h.mlp.c_proj.bias)):
-                    proj.weight.copy_(w)
-                    proj.bias.copy_(b)
+                for ours_layer, conv in ((block.attn.qkv, h.attn.c_attn), (block.attn.out_proj, h.attn.c_proj),
+                                         (block.ffn.linear1, h.mlp.c_fc), (block.ffn.linear2, h.mlp.c_proj)):
+                    ours_layer.weight.copy_(conv.weight.t())  # Conv1D (in, out) -> Linear (out, in)
+                    ours_layer.bias.copy_(conv.bias)
         return ours
 
     @classmethod
-    def from_pretrained(cls, name_or_folder: str | Path = "gpt2", sha256: str | None = None) -> "GPT":
+    def from_pretrained(cls, name_or_folder: str | Path = "gpt2", sha256: str | None = None,
+                        revision: str | None = None) -> "GPT":
         """Load GPT-2 weights with Hugging Face ``transformers`` and copy them (:meth:`from_hf`).
 
         ``name_or_folder``: a folder written by ``save_pretrained``, or a model name on the Hub
-        (downloaded: Colab only). With ``sha256`` the weights file ``model.safetensors`` must have
-        that hash, else ``ValueError``: pin it so a changed download cannot slip in.
+        (downloaded at ``revision``, a commit hash: Colab only; the tokenizer's ``vocab.json`` and
+        ``merges.txt`` come along). With ``sha256`` the weights file ``model.safetensors`` must
+        have that hash, else ``ValueError``: pin it so a changed download cannot slip in.
         """
         from transformers import GPT2LMHeadModel  # optional dependency: only this method needs it
 
         folder = Path(name_or_folder)
         if not folder.is_dir():
             from huggingface_hub import snapshot_download
-            folder = Path(snapshot_download(str(name_or_folder),
-                                            allow_patterns=["*.json", "model.safetensors"]))
+            folder = Path(snapshot_download(str(name_or_folder), revision=revision, allow_patterns=[
+                "config.json", "model.safetensors", "vocab.json", "merges.txt"]))
         if sha256 is not None:
             digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
             if digest != sha256.lower():
@@ -336,7 +383,7 @@ class KVCache:
         model = self.model
         x = model.embed(prefix[:, self.length:], offset=self.length)  # (B, new, d_model)
         for i, block in enumerate(model.blocks):
-            attended, self.kv[i] = attend_with_cache(block.attn, block.norm1(x), self.kv[i])
+            attended, self.kv[i] = block.attn.step(block.norm1(x), self.kv[i])
             x = x + attended
             x = x + block.ffn(block.norm2(x))
         self.length = prefix.shape[1]
