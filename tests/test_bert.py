@@ -185,6 +185,14 @@ def test_decoder_is_tied_to_the_embedding_through_moves_and_loads():
     assert grad is not None and (grad != 0).all(), "every vocabulary row gets a decoder gradient"
 
 
+def test_forward_never_reads_the_device_back_to_the_host():
+    with torch.device("meta"):  # a host read (.item(), a nonzero) fails on the meta device
+        model = BertForPreTraining(SMALL)
+    ids, segments, mask = (t.to("meta") for t in _inputs(SMALL, [5, 3], 5))
+    mlm_logits, nsp_logits = model(ids, segments, mask)
+    assert mlm_logits.shape == (2, 5, SMALL.vocab_size) and nsp_logits.shape == (2, 2)
+
+
 def test_dropout_is_active_in_training_only():
     model = Bert(BertConfig(vocab_size=30, d_model=16, num_layers=1, num_heads=2, d_ff=32,
                             max_positions=8, dropout=0.3))

@@ -138,6 +138,14 @@ def test_the_same_generator_seed_gives_the_same_masking():
     assert not torch.equal(first[1], other[1])
 
 
+def test_masking_never_reads_the_device_back_to_the_host():
+    """On the meta device a host read (``.item()``, ``int(t.max())``, a ``nonzero``) would fail:
+    running there shows one call costs no GPU -> CPU sync."""
+    ids, special = padded_batch(4, 16, 40)
+    inputs, labels = mask_tokens(ids.to("meta"), special.to("meta"), 40, MASK, special_ids=SPECIAL)
+    assert inputs.device.type == labels.device.type == "meta" and inputs.shape == (4, 16)
+
+
 @needs_cuda
 def test_masking_runs_on_the_gpu_with_a_gpu_generator():
     ids, special = padded_batch(32, 64, 100)
