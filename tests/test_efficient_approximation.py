@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from tfm_course.efficient.approximation import (linformer_error, low_rank_error, performer_error,
-                                                random_qkv, relative_error,
-                                                segment_mean_projection)
+from tfm_course.efficient.approximation import (fixed_subspace_error, linformer_error,
+                                                low_rank_error, performer_error, random_qkv,
+                                                relative_error, segment_mean_projection)
 
 
 def test_random_qkv_has_the_requested_logit_scale_and_is_reproducible():
@@ -57,6 +57,27 @@ def test_low_rank_error_is_eckart_young():
     assert torch.equal(low_rank_error(A, 0), torch.ones(3, dtype=torch.float64))
 
 
+def test_fixed_subspace_error_is_eckart_young_for_one_matrix_and_a_projection_for_several():
+    g = torch.Generator().manual_seed(0)
+    A = torch.softmax(torch.randn(2, 1, 16, 16, generator=g, dtype=torch.float64), -1)
+    for r in (0, 3, 16):
+        torch.testing.assert_close(fixed_subspace_error(A, r), low_rank_error(A[:, 0], r))
+    # rank-4 matrices: all rows in one shared 4-dim subspace, or each in a subspace of its own
+    basis = torch.randn(4, 16, generator=g, dtype=torch.float64)
+    shared = torch.randn(5, 16, 4, generator=g, dtype=torch.float64) @ basis
+    own = torch.randn(5, 16, 4, generator=g, dtype=torch.float64) @ torch.randn(
+        5, 4, 16, generator=g, dtype=torch.float64)
+    assert float(low_rank_error(shared, 4).max()) < 1e-6 and float(low_rank_error(own, 4).max()) < 1e-6
+    assert float(fixed_subspace_error(shared, 4)) < 1e-6  # one projection fits every matrix
+    assert float(fixed_subspace_error(own, 4)) > 0.3  # each is rank 4, but no one subspace fits all
+    # the definition: project every row on the top right singular vectors of all rows together
+    rows = own.flatten(0, 1)
+    top = torch.linalg.svd(rows).Vh[:6]
+    projected = rows @ top.T @ top
+    want = (rows - projected).norm() / rows.norm()
+    torch.testing.assert_close(fixed_subspace_error(own, 6), want)
+
+
 def test_segment_mean_projection_averages_consecutive_segments():
     E = segment_mean_projection(3, 7)
     torch.testing.assert_close(E.sum(-1), torch.ones(3))
@@ -72,6 +93,8 @@ def test_segment_mean_projection_averages_consecutive_segments():
     (lambda: linformer_error(4, projection="svd"), "segment-mean"),
     (lambda: low_rank_error(torch.ones(3), 1), r"\(\.\.\., n, n\)"),
     (lambda: low_rank_error(torch.ones(3, 3), -1), "non-negative"),
+    (lambda: fixed_subspace_error(torch.ones(3, 3), 1), r"\(\.\.\., batch, n_q, n_k\)"),
+    (lambda: fixed_subspace_error(torch.ones(1, 3, 3), -1), "non-negative"),
     (lambda: relative_error(torch.ones(2, 3), torch.ones(3, 2)), "shapes differ"),
 ])
 def test_bad_inputs_raise(call, match):

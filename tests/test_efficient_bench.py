@@ -29,9 +29,13 @@ def test_measured_timing_spends_the_budget_in_steps_and_is_reproducible():
     assert result.attention == "linformer" and result.seed == 1 and result.length == 40
     assert result.steps == max(1, int(0.3 / (result.step_ms / 1e3)))
     assert 0.0 <= result.accuracy <= 1.0 and result.as_dict()["steps"] == result.steps
+    assert "model" not in result.as_dict()  # the numbers only
+    assert sum(p.numel() for p in result.model.parameters()) == result.parameters
     # a number of steps and a seed fix the model, however busy the machine
     runs = [train_for("linformer", 1.0, seed=1, k=8, steps=3, **SMALL) for _ in range(2)]
     assert runs[0].steps == runs[1].steps == 3 and runs[0].accuracy == runs[1].accuracy
+    for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):  # the trained models
+        assert torch.equal(a, b)
 
 
 def test_wall_timing_stops_at_the_time_limit():
@@ -62,6 +66,10 @@ def test_the_cases_include_tiled_attention_and_a_window_mask_and_all_run_backwar
     cases = attention_cases(heads=2, d_head=4, num_features=8, linformer_k=8, chunk_size=8,
                             d_state=2, block_size=8, window=3)
     assert "tiled online softmax B=8" in cases and "SDPA + window mask w=3" in cases
+    assert "window, blocked w=3" in cases
+    fresh = attention_cases(heads=2, d_head=4, window=3)  # its first inputs are those of `cases`
+    torch.testing.assert_close(cases["window, blocked w=3"](20)(), fresh["SDPA + window mask w=3"](20)(),
+                               atol=1e-5, rtol=1e-5)  # same inputs, same maths
     for name, make in cases.items():
         out = make(20)()
         out.float().sum().backward()

@@ -8,7 +8,9 @@ import torch.nn.functional as F
 
 from tfm_course.data.scattered_recall import IGNORE, scattered_recall
 from tfm_course.device import one_cpu_thread
-from tfm_course.efficient.attention_layers import ATTENTION_KINDS, MaskedSelfAttention, make_attention
+from tfm_course.efficient.attention_layers import (ATTENTION_KINDS, MaskedSelfAttention,
+                                                   SlidingWindowSelfAttention, make_attention)
+from tfm_course.efficient.sparse import sliding_window_mask
 from tfm_course.models.recall_classifier import RecallClassifier
 from tfm_course.train import train
 
@@ -71,7 +73,8 @@ def test_naive_and_fused_softmax_are_the_same_function():
 def test_a_window_wider_than_the_input_is_softmax_and_a_narrow_one_is_local():
     torch.manual_seed(0)
     full, wide = make_attention("softmax", 16, 2, 20), make_attention("window", 16, 2, 20, window=25)
-    wide.attn.load_state_dict(full.state_dict())
+    assert isinstance(wide, SlidingWindowSelfAttention)
+    wide.load_state_dict(full.state_dict())  # the same projection names as MultiHeadAttention
     x = torch.randn(2, 20, 16)
     torch.testing.assert_close(wide(x), full(x), atol=1e-5, rtol=1e-5)
     narrow = make_attention("window", 16, 2, 20, window=2)
@@ -79,6 +82,15 @@ def test_a_window_wider_than_the_input_is_softmax_and_a_narrow_one_is_local():
     y[:, 15:] = torch.randn(2, 5, 16)  # change positions 15..19
     torch.testing.assert_close(narrow(y)[:, :13], narrow(x)[:, :13])  # 12 + 2 < 15: unaffected
     assert not torch.allclose(narrow(y)[:, 13], narrow(x)[:, 13])
+
+
+def test_blocked_window_layer_equals_a_dense_window_mask_and_takes_any_length():
+    torch.manual_seed(0)
+    blocked = make_attention("window", 16, 4, seq_len=30, window=3)
+    dense = MaskedSelfAttention(16, 4, sliding_window_mask(40, 3))
+    dense.attn.load_state_dict(blocked.state_dict())
+    x = torch.randn(2, 40, 16)  # longer than seq_len: a window is not tied to a length
+    torch.testing.assert_close(blocked(x), dense(x), atol=1e-5, rtol=1e-5)
 
 
 def test_attention_layers_share_the_projections_so_only_the_mixing_differs():
@@ -92,7 +104,9 @@ def test_attention_layer_bad_inputs_raise():
     with pytest.raises(ValueError, match="kind must be one of"):
         make_attention("reformer", 16, 2, 20)
     with pytest.raises(ValueError, match="exceeds the mask's 20"):
-        make_attention("window", 16, 2, 20)(torch.randn(1, 21, 16))
+        MaskedSelfAttention(16, 2, sliding_window_mask(20, 2))(torch.randn(1, 21, 16))
+    with pytest.raises(ValueError, match="d_model=16"):
+        make_attention("window", 16, 2, 20)(torch.randn(1, 21, 8))
     with pytest.raises(ValueError, match="seq_len, seq_len"):
         MaskedSelfAttention(16, 2, torch.ones(3, 4, dtype=torch.bool))
 
@@ -107,6 +121,31 @@ def test_classifier_gives_one_distribution_per_position_and_rejects_bad_inputs()
         model(b.keys, b.values[:, :-1])
     with pytest.raises(ValueError, match="exceeds seq_len"):
         model(torch.zeros(1, 31, dtype=torch.long), torch.zeros(1, 31, dtype=torch.long))
+
+
+def test_attention_weights_are_the_softmax_rows_the_forward_pass_uses():
+    torch.manual_seed(0)
+    model = RecallClassifier(12, 5, 30, "softmax", d_model=16, num_heads=2, num_layers=2).train()
+    b = scattered_recall(3, length=30, num_records=4, num_queries=4, num_keys=12, num_values=5)
+    w = model.attention_weights(b.keys, b.values)
+    assert w.shape == (3, 2, 2, 30, 30) and model.training  # the training flag comes back
+    torch.testing.assert_close(w.sum(-1), torch.ones(3, 2, 2, 30))
+    # the first layer's weights, recomputed from its projections
+    attn = model.blocks[0].attn
+    x = model.blocks[0].norm1(model.key_embedding(b.keys) + model.value_embedding(b.values))
+    q = attn.q_proj(x).view(3, 30, 2, 8).transpose(1, 2)
+    k = attn.k_proj(x).view(3, 30, 2, 8).transpose(1, 2)
+    torch.testing.assert_close(w[:, 0], torch.softmax(q @ k.transpose(-2, -1) / 8 ** 0.5, -1),
+                               atol=1e-6, rtol=1e-5)
+    # the second layer's input is the first block's output
+    with torch.no_grad():
+        x1 = model.blocks[0](model.key_embedding(b.keys) + model.value_embedding(b.values))
+        x1 = model.blocks[1].norm1(x1)
+        _, w1 = model.blocks[1].attn(x1, need_weights=True)
+    torch.testing.assert_close(w[:, 1], w1)
+    with pytest.raises(ValueError, match="never form the n × n weights"):
+        RecallClassifier(12, 5, 30, "performer", d_model=16, num_heads=2).attention_weights(
+            b.keys, b.values)
 
 
 def _train_and_score(attention: str, steps: int, **options) -> float:

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from tfm_course.attention import fused_attention, scaled_dot_product_attention
-from tfm_course.efficient.sparse import bigbird_mask, density, longformer_mask, sliding_window_mask
+from tfm_course.bench import count_flops, peak_tensor_bytes
+from tfm_course.efficient.sparse import (bigbird_mask, density, longformer_mask,
+                                         sliding_window_attention, sliding_window_mask)
 
 
 def test_sliding_window_shape_symmetry_and_counts():
@@ -103,3 +105,77 @@ def test_bad_inputs_raise():
         longformer_mask(5, 1, global_tokens=[0, 5])
     with pytest.raises(ValueError, match="num_random"):
         bigbird_mask(5, 1, 1, num_random=-1)
+
+
+# --------------------------------------------------------------------------- the blocked kernel
+def _dense_window(q, k, v, window, causal):
+    """Reference: softmax over |i − j| ≤ window (j ≤ i if causal) in float64, −inf elsewhere."""
+    n = q.shape[-2]
+    allowed = sliding_window_mask(n, window, causal=causal)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, -math.inf)
+    return torch.softmax(scores, -1) @ v
+
+
+@pytest.mark.parametrize("n, window, block_size, causal", [
+    (11, 2, None, False), (11, 2, 3, True), (64, 5, 7, False), (64, 5, 64, True),
+    (5, 10, None, False),  # window wider than the sequence: full attention
+    (9, 0, None, False), (9, 0, 4, True),  # only the diagonal
+    (1, 3, None, False), (50, 16, 16, True), (33, 4, 100, False),  # a block longer than n
+])
+def test_blocked_window_equals_dense_masked_attention_outputs_and_gradients(n, window, block_size,
+                                                                            causal):
+    g = torch.Generator().manual_seed(n + window)
+    q, k = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    v = torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    got = sliding_window_attention(q, k, v, window, causal=causal, block_size=block_size)
+    want = _dense_window(q, k, v, window, causal)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    grad_out = torch.randn_like(want)
+    got_grads = torch.autograd.grad(got, (q, k, v), grad_out)
+    want_grads = torch.autograd.grad(want, (q, k, v), grad_out)
+    for a, b in zip(got_grads, want_grads):
+        assert bool(torch.isfinite(a).all())  # padded query rows must not leak NaN into keys
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_blocked_window_matches_pytorch_sdpa_with_the_mask_in_float32():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 100, 8, generator=g) for _ in range(3))
+    for causal in (False, True):
+        mask = sliding_window_mask(100, 6, causal=causal)
+        torch.testing.assert_close(sliding_window_attention(q, k, v, 6, causal=causal),
+                                   fused_attention(q, k, v, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_blocked_window_memory_and_work_grow_linearly_while_a_mask_saves_nothing():
+    def inputs(n):
+        g = torch.Generator().manual_seed(0)
+        return [torch.randn(1, 2, n, 16, generator=g) for _ in range(3)]
+
+    def cost(measure, fn, n):
+        q, k, v = inputs(n)
+        return measure(lambda: fn(q, k, v))
+
+    blocked = lambda q, k, v: sliding_window_attention(q, k, v, 16)  # noqa: E731
+    masked = lambda q, k, v: scaled_dot_product_attention(  # noqa: E731
+        q, k, v, sliding_window_mask(q.shape[-2], 16))
+    dense = lambda q, k, v: scaled_dot_product_attention(q, k, v)  # noqa: E731
+    for measure in (peak_tensor_bytes, count_flops):
+        growth = cost(measure, blocked, 2048) / cost(measure, blocked, 1024)
+        assert 1.8 < growth < 2.2, (measure.__name__, growth)  # linear in n
+        masked_growth = cost(measure, masked, 2048) / cost(measure, masked, 1024)
+        assert masked_growth > 3.5, (measure.__name__, masked_growth)  # still quadratic
+    assert count_flops(lambda: masked(*inputs(512))) == count_flops(lambda: dense(*inputs(512)))
+    assert count_flops(lambda: blocked(*inputs(2048))) < count_flops(lambda: dense(*inputs(2048))) / 5
+
+
+def test_blocked_window_bad_inputs_raise():
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(ValueError, match="window must be a non-negative integer"):
+        sliding_window_attention(q, q, q, -1)
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        sliding_window_attention(q, q, q, 2, block_size=0)
+    with pytest.raises(ValueError, match=r"same \(\.\.\., n\)"):
+        sliding_window_attention(q, q[..., :7, :], q, 2)
+    assert sliding_window_attention(q[..., :0, :], q[..., :0, :], q[..., :0, :], 2).shape == (1, 2, 0, 4)

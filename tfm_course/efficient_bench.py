@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 import torch
@@ -58,9 +58,11 @@ class QualityResult:
     seconds: float  # wall-clock time the training loop took
     accuracy: float  # on the held-out queries; chance is 1 / num_values
     parameters: int
+    model: nn.Module | None = field(default=None, repr=False, compare=False)  # the trained model
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The numbers (everything but the model)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
 
 
 def recall_accuracy(model: nn.Module, batch: ScatteredRecallBatch) -> float:
@@ -122,7 +124,7 @@ def train_for(attention: str, seconds: float, seed: int = 0, length: int = 256,
                         desc=attention)
         accuracy = recall_accuracy(model, test)
     return QualityResult(attention, seed, length, len(history.steps), 1e3 * step_s, history.seconds,
-                         accuracy, sum(p.numel() for p in model.parameters()))
+                         accuracy, sum(p.numel() for p in model.parameters()), model)
 
 
 def _step_seconds(model: nn.Module, task: dict, batch_size: int, lr: float,

@@ -10,6 +10,8 @@ and returns the relative error of one approximation per draw:
   the random Gaussian projection of the paper's analysis) vs the exact output, as a function of k;
 * :func:`low_rank_error` — the best any rank-k matrix can do (Eckart–Young, from the singular
   values): Linformer's premise, for random or *trained* attention weights;
+* :func:`fixed_subspace_error` — the best rank-k approximation whose rows lie in *one* k-dim
+  subspace shared by every input: what a fixed E, F can reach at best;
 * :func:`kernel_estimates` — single estimates of exp(x·y) by positive or trigonometric random
   features, to see why FAVOR+ uses positive ones.
 
@@ -27,6 +29,7 @@ from .linformer import linformer_attention
 from .performer import draw_projection, positive_random_features
 
 __all__ = ["random_qkv", "performer_error", "linformer_error", "low_rank_error",
+           "fixed_subspace_error",
            "segment_mean_projection", "relative_error", "trigonometric_random_features",
            "kernel_estimates"]
 
@@ -133,6 +136,28 @@ def low_rank_error(weights: Tensor, rank: int) -> Tensor:
     if rank < 0:
         raise ValueError(f"rank must be non-negative, got {rank}")
     energy = torch.linalg.svdvals(weights.double()).square()  # (..., min(n_q, n_k)), descending
+    return (energy[..., rank:].sum(-1) / energy.sum(-1)).sqrt().to(weights.dtype)
+
+
+def fixed_subspace_error(weights: Tensor, rank: int) -> Tensor:
+    """Relative error of the best approximation of a *set* of matrices by one shared row space.
+
+    ``weights``: ``(..., batch, n_q, n_k)``, e.g. one head's attention matrices for ``batch``
+    inputs. All ``batch · n_q`` rows are projected onto the best ``rank``-dim subspace of R^n_k for
+    all of them together (their top right singular vectors, stacked), and the error
+    ``sqrt(Σ_b ‖A_b − A_b P‖² / Σ_b ‖A_b‖²)`` is returned, shape ``(...)``.
+
+    Why this matters for Linformer: its output is ``P̄ (F V)`` with P̄ of shape (n, k), so its
+    attention matrix ``P̄ F`` has rows in the row space of F — a *fixed* k-dim subspace, the same
+    for every input (E and F are weights, not functions of the input). No Linformer layer can be
+    closer to these matrices than this. With ``batch = 1`` it equals :func:`low_rank_error`.
+    """
+    if weights.dim() < 3:
+        raise ValueError(f"weights must be (..., batch, n_q, n_k), got {tuple(weights.shape)}")
+    if rank < 0:
+        raise ValueError(f"rank must be non-negative, got {rank}")
+    rows = weights.double().flatten(-3, -2)  # (..., batch · n_q, n_k): every row of every input
+    energy = torch.linalg.svdvals(rows).square()
     return (energy[..., rank:].sum(-1) / energy.sum(-1)).sqrt().to(weights.dtype)
 
 

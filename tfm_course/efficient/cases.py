@@ -24,7 +24,7 @@ from .linformer import linformer_attention
 from .mamba import selective_scan
 from .performer import draw_projection, favor_attention
 from .retnet import default_gammas, retention
-from .sparse import sliding_window_mask
+from .sparse import sliding_window_attention, sliding_window_mask
 
 __all__ = ["attention_cases", "Case"]
 
@@ -38,7 +38,8 @@ def attention_cases(batch: int = 1, heads: int = 4, d_head: int = 32,
     """name → make(n) → run(): the forward pass of one method on fresh inputs of length n.
 
     Inputs are drawn on the CPU from fixed seeds and moved to ``device``. ``block_size`` is the
-    tile of :func:`tiled_attention`, ``window`` the half-width of the sliding-window mask.
+    tile of :func:`tiled_attention`, ``window`` the half-width of the sliding window (as a dense
+    mask for SDPA, and computed block by block by :func:`sliding_window_attention`).
     """
     device = torch.device(device)
     gen = torch.Generator().manual_seed(0)
@@ -68,6 +69,10 @@ def attention_cases(batch: int = 1, heads: int = 4, d_head: int = 32,
         q, k, v = qkv(n)
         mask = sliding_window_mask(n, window, device=device)
         return lambda: fused_attention(q, k, v, mask)
+
+    def window_blocked(n: int) -> Callable[[], Tensor]:
+        q, k, v = qkv(n)
+        return lambda: sliding_window_attention(q, k, v, window)
 
     def tiled(n: int) -> Callable[[], Tensor]:
         q, k, v = qkv(n)
@@ -116,6 +121,7 @@ def attention_cases(batch: int = 1, heads: int = 4, d_head: int = 32,
         "SDPA (fused)": sdpa,
         "SDPA (fused, causal)": sdpa_causal,
         f"SDPA + window mask w={window}": sdpa_window,
+        f"window, blocked w={window}": window_blocked,
         f"tiled online softmax B={block_size}": tiled,
         f"Linformer k={linformer_k}": linformer,
         f"Performer m={num_features}": performer(False),

@@ -14,8 +14,10 @@ Only the attention changes between variants, so a comparison changes one thing.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
+from ..attention import MultiHeadAttention
 from ..efficient.attention_layers import make_attention
 from ..layers import FeedForward, LayerNorm
 
@@ -41,7 +43,7 @@ class RecallClassifier(nn.Module):
     Args:
         num_keys, num_values: as in :func:`tfm_course.data.scattered_recall.scattered_recall`
             (the embeddings add the filler key, and the blank and filler values).
-        seq_len: the longest input (Linformer and the window mask are built for it).
+        seq_len: the longest input (Linformer's E and F are built for it).
         attention: a kind from :data:`tfm_course.efficient.attention_layers.ATTENTION_KINDS`;
             ``attention_options`` are passed on (``window``, ``k``, ``num_features``).
         d_model, num_heads, num_layers, d_ff (default 2·d_model): the usual sizes.
@@ -61,13 +63,37 @@ class RecallClassifier(nn.Module):
         self.norm = LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_values)
 
-    def forward(self, keys: Tensor, values: Tensor) -> Tensor:
+    def _embed(self, keys: Tensor, values: Tensor) -> Tensor:
         if keys.dim() != 2 or keys.shape != values.shape:
             raise ValueError(f"keys and values must both be (batch, n); got {tuple(keys.shape)} "
                              f"and {tuple(values.shape)}")
         if keys.shape[1] > self.seq_len:
             raise ValueError(f"sequence length {keys.shape[1]} exceeds seq_len = {self.seq_len}")
-        x = self.key_embedding(keys) + self.value_embedding(values)  # (batch, n, d_model)
+        return self.key_embedding(keys) + self.value_embedding(values)  # (batch, n, d_model)
+
+    def forward(self, keys: Tensor, values: Tensor) -> Tensor:
+        x = self._embed(keys, values)
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+    @torch.no_grad()
+    def attention_weights(self, keys: Tensor, values: Tensor) -> Tensor:
+        """The softmax attention matrices of every layer: ``(batch, layers, heads, n, n)``.
+
+        Only for the ``"softmax"`` kinds, which form them; Linformer, Performer and the blocked
+        window never build an n × n matrix. Runs in eval mode (no dropout) without gradients.
+        """
+        if not all(isinstance(b.attn, MultiHeadAttention) for b in self.blocks):
+            raise ValueError("attention_weights needs softmax attention (attention='softmax' or "
+                             "'softmax-naive'); this model's layers never form the n × n weights")
+        was_training = self.training
+        self.eval()
+        x, weights = self._embed(keys, values), []
+        for block in self.blocks:
+            attended, w = block.attn(block.norm1(x), need_weights=True)  # w: (batch, heads, n, n)
+            weights.append(w)
+            x = x + attended
+            x = x + block.ffn(block.norm2(x))
+        self.train(was_training)
+        return torch.stack(weights, dim=1)
