@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tfm_course.efficient.cases import attention_cases
-from tfm_course.efficient_bench import QualityResult, quality_at_equal_time, train_for
+from tfm_course.efficient_bench import (QualityResult, crossover_table, metric_table,
+                                        quality_at_equal_time, quality_table, train_for)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(length=40, task=dict(num_records=4, num_queries=8, num_keys=8, num_values=4),
@@ -92,3 +93,36 @@ def test_tool_quality_mode_writes_the_table(tmp_path, monkeypatch):
     assert [r["attention"] for r in rows] == ["softmax", "window"]
     text = out.read_text()
     assert "| softmax | 1 |" in text and "| window | 1 |" in text and "ms / step" in text
+
+
+def _rows():
+    """A quadratic baseline, a linear method that overtakes it between 200 and 400, one that never
+    does, and a skipped cell."""
+    cost = {"base": lambda n: n * n, "linear": lambda n: 300 * n, "slow": lambda n: 2 * n * n}
+    rows = [{"method": m, "n": n, "t": f(n), "skipped": None} for m, f in cost.items()
+            for n in (100, 200, 400, 800)]
+    rows[-1] = {"method": "slow", "n": 800, "t": None, "skipped": "skipped (>1 s)"}
+    return rows
+
+
+def test_metric_table_has_a_row_per_method_a_column_per_length_and_the_slope():
+    text = metric_table(_rows(), "t", lambda v: "—" if v is None else f"{v:.0f}", "cost")
+    lines = text.splitlines()
+    assert lines[0] == "### cost" and lines[2] == "| method | 100 | 200 | 400 | 800 | slope |"
+    assert lines[4] == "| base | 10000 | 40000 | 160000 | 640000 | 2.00 |"
+    assert lines[5].endswith("| 1.00 |") and "skipped (>1 s)" in lines[6]
+
+
+def test_crossover_table_names_the_length_always_or_never():
+    text = crossover_table(_rows(), "t", ["base"])
+    lines = text.splitlines()
+    assert lines[0] == "| method | vs base |"
+    assert lines[2] == "| linear | 300 |"  # 300·n = n² at n = 300
+    assert lines[3] == "| slow | never (≤ 400) |"  # the skipped 800 is not shared
+    assert "always (≥ 100)" in crossover_table(_rows(), "t", ["slow"])
+
+
+def test_quality_table_averages_seeds():
+    results = [QualityResult("softmax", s, 40, 10 + s, 2.0, 1.0, acc, 100)
+               for s, acc in ((0, 1.0), (1, 0.5))]
+    assert quality_table(results).splitlines()[2] == "| softmax | 2 | 10 | 2.0 | 0.750 | 0.500 – 1.000 |"

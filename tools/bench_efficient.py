@@ -18,7 +18,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -26,10 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tfm_course.bench import crossover, loglog_slope, sweep  # noqa: E402
+from tfm_course.bench import sweep  # noqa: E402
 from tfm_course.device import describe, get_device  # noqa: E402
 from tfm_course.efficient.cases import Case, attention_cases  # noqa: E402
-from tfm_course.efficient_bench import QualityResult, quality_at_equal_time  # noqa: E402
+from tfm_course.efficient_bench import (QualityResult, crossover_table, metric_table,  # noqa: E402
+                                        quality_at_equal_time, quality_table)
 
 QUICK = dict(lengths=[128, 256, 512, 1024], repeats=2, time_cap=1.0, memory_cap=5e8)
 QUALITY_KINDS = ("softmax", "softmax-naive", "window", "linformer", "performer")
@@ -58,57 +58,6 @@ def _fmt_flops(f: float | None) -> str:
     return "—" if f is None else f"{f / 1e9:.3g}"
 
 
-def metric_table(rows: list[dict], key: str, fmt: Callable, title: str) -> str:
-    """Methods as rows, lengths as columns, plus the log–log slope over the measured lengths."""
-    lengths = sorted({r["n"] for r in rows})
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    lines = [f"### {title}", "",
-             "| method | " + " | ".join(str(n) for n in lengths) + " | slope |",
-             "|---|" + "---:|" * (len(lengths) + 1)]
-    for m in methods:
-        mine = {r["n"]: r for r in rows if r["method"] == m}
-        cells = []
-        for n in lengths:
-            r = mine.get(n)
-            cells.append(r["skipped"] if r and r["skipped"] else fmt(r[key] if r else None))
-        ys = [mine[n][key] if n in mine else None for n in lengths]
-        slope = loglog_slope(lengths, ys)
-        cells.append("—" if slope is None else f"{slope:.2f}")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def crossover_table(rows: list[dict], key: str, title: str) -> str:
-    """From which length each method is cheaper than each baseline (log–log interpolation)."""
-    lengths = sorted({r["n"] for r in rows})
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-
-    def series(m: str) -> list[float | None]:
-        mine = {r["n"]: r[key] for r in rows if r["method"] == m}
-        return [mine.get(n) for n in lengths]
-
-    lines = [f"### {title}", "", "| method | " + " | ".join(f"vs {b}" for b in BASELINES) + " |",
-             "|---|" + "---:|" * len(BASELINES)]
-    for m in methods:
-        if m in BASELINES:
-            continue
-        cells = []
-        for b in BASELINES:
-            a_ys, b_ys = series(m), series(b)
-            shared = [n for n, a, c in zip(lengths, a_ys, b_ys) if a is not None and c is not None]
-            x = crossover(lengths, a_ys, b_ys)
-            if not shared:
-                cells.append("no shared length")
-            elif x is None:
-                cells.append(f"never (≤ {shared[-1]})")
-            elif x == shared[0]:
-                cells.append(f"always (≥ {shared[0]})")
-            else:
-                cells.append(f"{x:.0f}")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def report(rows: list[dict], settings: str) -> str:
     memory_kind = rows[0]["memory_kind"] if rows else "live_tensors"
     if memory_kind == "cuda_peak":
@@ -125,28 +74,15 @@ def report(rows: list[dict], settings: str) -> str:
         metric_table(rows, "flops", _fmt_flops,
                      "Forward matmul GFLOP (bench.count_flops; element-wise work such as the Mamba "
                      "scan counts 0)"), "",
-        crossover_table(rows, "fwd_s", "Crossover length, forward time"), "",
-        crossover_table(rows, "train_s", "Crossover length, forward + backward time"), "",
-        crossover_table(rows, "peak_bytes", "Crossover length, forward peak memory"), "",
+        crossover_table(rows, "fwd_s", BASELINES, "Crossover length, forward time"), "",
+        crossover_table(rows, "train_s", BASELINES, "Crossover length, forward + backward time"), "",
+        crossover_table(rows, "peak_bytes", BASELINES, "Crossover length, forward peak memory"), "",
         "Slopes are least-squares fits of log(cost) on log(n) over the measured lengths "
         "(2 = quadratic, 1 = linear); small lengths are dominated by fixed per-call overhead, "
         "which pulls slopes below their asymptotic value. A crossover is where the method becomes and "
         "stays cheaper than the baseline, interpolated on log–log axes.",
     ]
     return "\n".join(parts) + "\n"
-
-
-def quality_table(results: list[QualityResult]) -> str:
-    """Method rows: seeds, steps reached, ms per step, held-out accuracy (mean, min–max)."""
-    lines = ["| attention | seeds | steps | ms / step | accuracy (mean) | min – max |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for kind in dict.fromkeys(r.attention for r in results):
-        mine = [r for r in results if r.attention == kind]
-        accs = [r.accuracy for r in mine]
-        lines.append(f"| {kind} | {len(mine)} | {sum(r.steps for r in mine) / len(mine):.0f} | "
-                     f"{sum(r.step_ms for r in mine) / len(mine):.1f} | "
-                     f"{sum(accs) / len(accs):.3f} | {min(accs):.3f} – {max(accs):.3f} |")
-    return "\n".join(lines)
 
 
 def run_quality(seconds: float, seeds: list[int], length: int, device: torch.device,
