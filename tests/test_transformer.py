@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from cuda_helpers import fp32_matmuls, needs_cuda
 from torch import nn
 
 from tfm_course.attention import causal_mask
@@ -162,6 +163,51 @@ def test_model_rejects_bad_input():
         model.decode(tgt, model.encode(src), src, tgt_mask=torch.ones(2, 2, 2, dtype=torch.bool))
 
 
+def test_decode_without_a_mask_is_causal_and_exact_for_right_padding():
+    """No target mask = is_causal=True: same logits at every real position as target_mask."""
+    model = _model()
+    src = torch.tensor([[3, 4, 5, 2], [6, 7, 2, 0], [8, 2, 0, 0]])
+    tgt_in = torch.tensor([[1, 5, 6, 7, 8], [1, 8, 9, 0, 0], [1, 4, 0, 0, 0]])  # right-padded
+    real = tgt_in != 0
+    with torch.no_grad():
+        memory = model.encode(src)
+        causal = model.decode(tgt_in, memory, src)
+        masked = model.decode(tgt_in, memory, src, tgt_mask=target_mask(tgt_in))
+    torch.testing.assert_close(causal[real], masked[real], atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(causal[~real], masked[~real]), "padded rows read pads: they differ"
+    labels = torch.where(real, torch.tensor(5), torch.tensor(0))  # any labels, pads ignored
+    torch.testing.assert_close(sequence_loss(causal, labels, label_smoothing=0.1),
+                               sequence_loss(masked, labels, label_smoothing=0.1))
+
+
+@needs_cuda
+def test_decode_without_a_mask_on_cuda_matches_the_full_mask():
+    """On CUDA the causal path (FlashAttention-eligible) agrees with target_mask at real positions."""
+    model = _model().cuda()
+    src = torch.tensor([[3, 4, 5, 2], [6, 7, 2, 0]], device="cuda")
+    tgt_in = torch.tensor([[1, 5, 6, 7, 8], [1, 8, 9, 0, 0]], device="cuda")
+    real = tgt_in != 0
+    with torch.no_grad(), fp32_matmuls():
+        memory = model.encode(src)
+        causal = model.decode(tgt_in, memory, src)
+        masked = model.decode(tgt_in, memory, src, tgt_mask=target_mask(tgt_in))
+    torch.testing.assert_close(causal[real], masked[real], atol=1e-5, rtol=1e-5)
+
+
+def test_decode_refuses_left_padding_without_a_mask():
+    model = _model()
+    src, left = torch.tensor([[3, 4, 2]]), torch.tensor([[0, 0, 1, 5]])
+    with torch.no_grad():
+        memory = model.encode(src)
+        with pytest.raises(ValueError, match="target_mask"):
+            model.decode(left, memory, src)
+        out = model.decode(left, memory, src, tgt_mask=target_mask(left))  # explicit mask: fine
+        alone = model.decode(torch.tensor([[1, 5]]), memory, src)
+    assert out.isfinite().all()  # the empty rows of the two leading pads give no NaN
+    # positions shift by the padding (absolute encoding), so the real outputs differ from `alone`
+    assert not torch.allclose(out[:, 2:], alone, atol=1e-3)
+
+
 # --------------------------------------------------------------------------- loss
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
 def test_sequence_loss_matches_cross_entropy(eps):
@@ -171,6 +217,50 @@ def test_sequence_loss_matches_cross_entropy(eps):
     want = F.cross_entropy(logits.reshape(-1, 9), target.reshape(-1), ignore_index=0,
                            label_smoothing=eps)
     torch.testing.assert_close(sequence_loss(logits, target, pad_id=0, label_smoothing=eps), want)
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.3])
+def test_sequence_loss_never_labels_smooths_over_the_possible_labels_only(eps):
+    g = torch.Generator().manual_seed(1)
+    V, never = 9, (0, 1)  # <pad> and <bos>
+    logits = torch.randn(3, 5, V, generator=g)
+    target = torch.randint(2, V, (3, 5), generator=g)
+    target[1, 3:] = 0  # padding: left out
+    # the smoothed target written out: 1 - eps + eps/V' on the label, eps/V' on the other
+    # possible labels, 0 on <pad> and <bos>
+    allowed = torch.ones(V)
+    allowed[list(never)] = 0
+    q = eps * allowed / allowed.sum()
+    q = q.expand(3, 5, V).clone()
+    q.scatter_add_(-1, target[..., None], torch.full((3, 5, 1), 1 - eps))
+    keep = target != 0
+    assert torch.allclose(q.sum(-1), torch.ones(3, 5)) and (q[keep][:, list(never)] == 0).all()
+    per_token = -(q * F.log_softmax(logits, -1)).sum(-1)
+    want = per_token[keep].mean()
+    got = sequence_loss(logits, target, label_smoothing=eps, never_labels=never)
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, sequence_loss(logits, target, label_smoothing=eps))
+    # at the optimum the never-labels get no probability, the label 1 - eps + eps/V'
+    free = torch.zeros(1, 1, V, requires_grad=True)
+    opt = torch.optim.Adam([free], lr=0.1)
+    for _ in range(3000):
+        opt.zero_grad()
+        sequence_loss(free, torch.tensor([[4]]), label_smoothing=eps, never_labels=never).backward()
+        opt.step()
+    p = free.detach().softmax(-1)[0, 0]
+    assert p[list(never)].sum() < 1e-3
+    assert abs(p[4] - (1 - eps + eps / (V - 2))) < 1e-3
+
+
+def test_sequence_loss_never_labels_bad_input():
+    logits, target = torch.randn(2, 3, 5), torch.tensor([[2, 3, 4], [2, 0, 0]])
+    with pytest.raises(ValueError, match="never_labels"):
+        sequence_loss(logits, target, label_smoothing=0.1, never_labels=(7,))
+    with pytest.raises(ValueError, match="never_labels"):
+        sequence_loss(logits, target, label_smoothing=0.1, never_labels=range(5))
+    with pytest.raises(ValueError, match="never be labels"):
+        sequence_loss(logits, torch.tensor([[1, 3, 4], [2, 0, 0]]), label_smoothing=0.1,
+                      never_labels=(0, 1))
 
 
 def test_sequence_loss_bad_input():

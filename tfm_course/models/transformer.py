@@ -13,7 +13,9 @@ The pieces, in the order data flows through them:
 4. a linear projection to target-vocabulary logits (optionally tied to the target embedding).
 
 Masks are boolean, True = may attend: :func:`source_mask` (source key padding, also used by the
-cross-attention) and :func:`target_mask` (causal *and* target key padding).
+cross-attention) and :func:`target_mask` (causal *and* target key padding). For right-padded
+targets, the usual case, :meth:`Transformer.decode` needs no target mask at all: ``is_causal=True``
+is exact at every real position and lets CUDA use FlashAttention.
 
 Decoding goes through :mod:`tfm_course.decoding`, which talks to the model through a *stepper*:
 ``model.stepper(src, use_cache)`` returns :class:`Recompute` or :class:`KVCache`.
@@ -22,6 +24,7 @@ Decoding goes through :mod:`tfm_course.decoding`, which talks to the model throu
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +60,16 @@ def check_ids_in_range(ids: Tensor, size: int, name: str = "token ids") -> None:
         raise ValueError(f"{name} must lie in [0, {size}), got values in [{int(low)}, {int(high)}]")
 
 
+def _check_right_padded(tokens: Tensor, pad_id: int) -> None:
+    """``ValueError`` if a ``<pad>`` comes before a real token in some row (on the CPU only)."""
+    if tokens.device.type != "cpu" or tokens.shape[1] < 2:
+        return
+    pad = tokens == pad_id
+    if bool((pad[:, :-1] & ~pad[:, 1:]).any()):
+        raise ValueError("tgt_in has <pad> before a real token (left padding?): the causal mask "
+                         "alone would let real queries read it; pass tgt_mask=target_mask(tgt_in)")
+
+
 def source_mask(src: Tensor, pad_id: int = 0) -> Tensor:
     """Key-padding mask ``(batch, 1, 1, S)``: True where the *key* is a real source token.
 
@@ -70,8 +83,10 @@ def source_mask(src: Tensor, pad_id: int = 0) -> Tensor:
 def target_mask(tgt: Tensor, pad_id: int = 0) -> Tensor:
     """Causal and key-padding mask ``(batch, 1, T, T)``: query t may read keys s <= t that are real.
 
-    The padding part is indexed by *key* (last axis), like :func:`source_mask`. Padded query rows
-    still see the real tokens before them, so no row is empty and nothing becomes NaN.
+    The padding part is indexed by *key* (last axis), like :func:`source_mask`. With right
+    padding every query row keeps a real key (the first token), so no row is empty. With *left*
+    padding the rows of the leading pads are empty (their only earlier keys are pads); attention
+    then gives them zero output instead of NaN, and real queries never read a pad either way.
     """
     _check_tokens(tgt, "tgt")
     keys = (tgt != pad_id)[:, None, None, :]  # (batch, 1, 1, T)
@@ -109,9 +124,10 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """``num_layers`` decoder layers and an optional final LayerNorm.
 
-    ``forward(x, memory, tgt_mask=None, memory_mask=None, need_weights=False)``: ``x`` (B, T, d),
-    ``memory`` (B, S, d) -> (B, T, d); with ``need_weights`` also a list with each layer's
-    cross-attention weights (B, heads, T, S).
+    ``forward(x, memory, tgt_mask=None, memory_mask=None, need_weights=False,
+    tgt_is_causal=False)``: ``x`` (B, T, d), ``memory`` (B, S, d) -> (B, T, d); with
+    ``need_weights`` also a list with each layer's cross-attention weights (B, heads, T, S).
+    ``tgt_is_causal`` is passed to every :class:`~tfm_course.layers.DecoderLayer`.
     """
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int,
@@ -125,15 +141,16 @@ class Decoder(nn.Module):
         self.norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias) if final_norm else None
 
     def forward(self, x: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None,
-                need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+                memory_mask: Tensor | None = None, need_weights: bool = False,
+                tgt_is_causal: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         weights = []
         for layer in self.layers:
             if need_weights:
-                x, w = layer(x, memory, tgt_mask, memory_mask, need_weights=True)
+                x, w = layer(x, memory, tgt_mask, memory_mask, need_weights=True,
+                             tgt_is_causal=tgt_is_causal)
                 weights.append(w)
             else:
-                x = layer(x, memory, tgt_mask, memory_mask)
+                x = layer(x, memory, tgt_mask, memory_mask, tgt_is_causal=tgt_is_causal)
         x = self.norm(x) if self.norm is not None else x
         return (x, weights) if need_weights else x
 
@@ -202,14 +219,30 @@ class Transformer(nn.Module):
                need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Decoder input ids ``(B, T)`` and memory -> logits ``(B, T, tgt_vocab)``.
 
-        ``src`` supplies the cross-attention padding mask; ``tgt_mask`` defaults to
-        :func:`target_mask`. With ``need_weights`` also each layer's cross-attention weights.
+        ``src`` supplies the cross-attention padding mask. With ``need_weights`` also each
+        layer's cross-attention weights.
+
+        ``tgt_mask=None`` means the targets are **right-padded** (as
+        :meth:`~tfm_course.data.translation.TranslationTask.batch` makes them). Then the causal
+        mask alone is exact at every real position (a real query's earlier keys are all real), so
+        the self-attention runs with ``is_causal=True`` and no mask tensor, which lets the fused
+        kernel use FlashAttention on CUDA. Only padded positions differ from
+        :func:`target_mask` (they also read the padding before them), and they are never labels.
+        Other padding needs ``tgt_mask=target_mask(tgt_in)``; on CPU tensors a ``<pad>`` before a
+        real token raises ``ValueError`` (checked where it is free, as token ids are).
         """
         if memory.shape[:2] != src.shape:
             raise ValueError(f"memory {tuple(memory.shape)} does not belong to src {tuple(src.shape)}")
-        tgt_mask = target_mask(tgt_in, self.pad_id) if tgt_mask is None else tgt_mask
+        if tgt_mask is None:
+            _check_right_padded(tgt_in, self.pad_id)
+        return self._decode(tgt_in, memory, src, tgt_mask, need_weights)
+
+    def _decode(self, tgt_in: Tensor, memory: Tensor, src: Tensor, tgt_mask: Tensor | None,
+                need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """:meth:`decode` without the padding check; ``tgt_mask=None`` means causal only."""
         out = self.decoder(self.embed(tgt_in, self.tgt_embed), memory, tgt_mask,
-                           source_mask(src, self.pad_id), need_weights=need_weights)
+                           source_mask(src, self.pad_id), need_weights=need_weights,
+                           tgt_is_causal=tgt_mask is None)
         if need_weights:
             return self.out_proj(out[0]), out[1]
         return self.out_proj(out)
@@ -243,23 +276,42 @@ class Transformer(nn.Module):
 
 # --------------------------------------------------------------------------- loss
 def sequence_loss(logits: Tensor, target: Tensor, pad_id: int = 0,
-                  label_smoothing: float = 0.0) -> Tensor:
+                  label_smoothing: float = 0.0, never_labels: Sequence[int] = ()) -> Tensor:
     """Mean label-smoothed cross-entropy over the non-pad positions (Szegedy et al., 2016).
 
     ``logits`` (..., V), ``target`` (...). The smoothed target puts 1 − ε + ε/V on the right token
     and ε/V on every other one, so the loss is (1 − ε)·NLL + ε·mean over classes of −log p, which
     equals ``F.cross_entropy(..., label_smoothing=ε, ignore_index=pad_id)``.
+
+    ``never_labels`` lists token ids that are never a label (``<pad>``, ``<bos>``): the smoothing
+    mass skips them, so with V' = V − len(never_labels) the target is 1 − ε + ε/V' on the right
+    token, ε/V' on the other possible labels and 0 on the never-labels (the Annotated
+    Transformer's ``LabelSmoothing`` zeroes ``<pad>`` the same way). Otherwise the model is
+    trained to give ``<pad>`` and ``<bos>`` probability ε/V each, mass that decoding must ban.
     """
     if logits.shape[:-1] != target.shape:
         raise ValueError(f"logits (..., V) {tuple(logits.shape)} do not match target {tuple(target.shape)}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    V = logits.shape[-1]
+    excluded = sorted(set(int(i) for i in never_labels))
+    if any(not 0 <= i < V for i in excluded) or len(excluded) >= V:
+        raise ValueError(f"never_labels must be ids in [0, {V}) that leave some label, got "
+                         f"{list(never_labels)}")
     keep = target != pad_id
     labels = target.masked_fill(~keep, 0)
-    check_ids_in_range(labels, logits.shape[-1], "target ids")
+    check_ids_in_range(labels, V, "target ids")
+    if excluded and labels.device.type == "cpu" and bool(
+            torch.isin(labels[keep], torch.tensor(excluded)).any()):
+        raise ValueError(f"a target id is in never_labels {excluded}: those tokens must never be labels")
     logp = F.log_softmax(logits.float(), dim=-1)
     nll = -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    uniform = -logp.mean(dim=-1)
+    if excluded:
+        allowed = torch.ones(V, dtype=torch.bool, device=logits.device)
+        allowed[excluded] = False
+        uniform = -logp[..., allowed].mean(dim=-1)  # over the V' tokens that can be labels
+    else:
+        uniform = -logp.mean(dim=-1)
     per_token = (1 - label_smoothing) * nll + label_smoothing * uniform
     return (per_token * keep).sum() / keep.sum().clamp(min=1)
 
@@ -305,8 +357,9 @@ class Recompute:
         self.memory = model.encode(src)  # (B, S, d_model)
 
     def __call__(self, prefix: Tensor) -> Tensor:
-        mask = causal_mask(prefix.shape[1], device=prefix.device)  # no padding inside a prefix
-        return self.model.decode(prefix, self.memory, self.src, tgt_mask=mask)[:, -1]
+        # causal only (is_causal=True, no mask tensor), as in KVCache: every token of a prefix,
+        # whatever its id, is a key for the queries after it
+        return self.model._decode(prefix, self.memory, self.src, None)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         self.src, self.memory = self.src[index], self.memory[index]
