@@ -4,6 +4,7 @@ import datetime as dt
 
 import pytest
 import torch
+from cuda_helpers import needs_cuda
 
 from tfm_course.data.translation import (NUMBER_WORDS, dates_task, number_pairs, number_to_words,
                                          numbers_task, shift_targets)
@@ -149,6 +150,30 @@ def test_sampler_is_deterministic_and_uses_training_pairs():
     train_sources = {s for s, _ in task.train}
     sources = ["".join(task.src_vocab.decode(row)) for row in first.src]
     assert set(sources) <= train_sources
+
+
+def test_sampler_draws_on_the_cpu_as_before():
+    """CPU batches are the rows a seeded CPU generator draws: reproducible across versions."""
+    task = numbers_task(max_value=500, n_valid=50, n_test=50)
+    whole = task.batch(task.train)
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randint(whole.src.shape[0], (8,), generator=g) for _ in range(3)]
+    make_batch = task.sampler(8, seed=5)
+    for step, want in enumerate(rows):
+        got = make_batch(step)
+        assert torch.equal(got.src, whole.src[want]) and torch.equal(got.tgt_out, whole.tgt_out[want])
+
+
+@needs_cuda
+def test_sampler_draws_on_the_gpu_and_vocab_reads_gpu_ids():
+    task = numbers_task(max_value=500, n_valid=50, n_test=50)
+    a, b = task.sampler(16, device="cuda", seed=3), task.sampler(16, device="cuda", seed=3)
+    first, again = a(0), b(0)
+    assert first.src.is_cuda and torch.equal(first.src, again.src)
+    ids = task.encode_targets(["four hundred"]).cuda()[0]
+    assert task.tgt_vocab.decode(ids) == ["four", "hundred"]
+    with pytest.raises(ValueError, match=r"\[0, "):
+        task.tgt_vocab.check_ids(torch.tensor([0, 99], device="cuda"))
 
 
 # --------------------------------------------------------------------------- dates

@@ -110,14 +110,18 @@ class TranslationTask:
                 split: str = "train") -> Callable[[int], Batch]:
         """``make_batch(step)`` for :func:`tfm_course.train.train`: random pairs of a split.
 
-        The whole split is encoded once; each call draws ``batch_size`` rows (with replacement).
+        The whole split is encoded once and moved to ``device``; each call draws ``batch_size``
+        rows (with replacement) with a generator on that device, so a GPU gets its batches without
+        a host-to-device copy per step. The draws are reproducible per device type (a CUDA
+        generator gives other rows than the CPU one for the same seed).
         """
         whole = self.batch(getattr(self, split), device)
-        generator = torch.Generator().manual_seed(seed)
+        device = whole.src.device
+        generator = torch.Generator(device=device).manual_seed(seed)
         n = whole.src.shape[0]
 
         def make_batch(step: int) -> Batch:
-            rows = torch.randint(n, (batch_size,), generator=generator).to(whole.src.device)
+            rows = torch.randint(n, (batch_size,), generator=generator, device=device)
             return Batch(whole.src[rows], whole.tgt_in[rows], whole.tgt_out[rows])
 
         return make_batch

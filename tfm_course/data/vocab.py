@@ -52,19 +52,24 @@ class Vocab:
         return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
 
     def check_ids(self, ids: Tensor | Sequence[int]) -> None:
-        """Raise ``ValueError`` unless every id lies in ``[0, len(vocab))``."""
-        ids = torch.as_tensor(ids)
+        """Raise ``ValueError`` unless every id lies in ``[0, len(vocab))``.
+
+        Ids on a GPU are copied to the CPU first: one transfer, then the checks read host memory.
+        """
+        ids = torch.as_tensor(ids).cpu()
         if ids.is_floating_point() or ids.is_complex():
             raise ValueError(f"token ids must be integers, got dtype {ids.dtype}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(self)):
-            raise ValueError(
-                f"token ids must lie in [0, {len(self)}) for this vocabulary, "
-                f"got values in [{int(ids.min())}, {int(ids.max())}]"
-            )
+        if ids.numel():
+            low, high = ids.aminmax()
+            if low < 0 or high >= len(self):
+                raise ValueError(f"token ids must lie in [0, {len(self)}) for this vocabulary, "
+                                 f"got values in [{int(low)}, {int(high)}]")
 
     def decode(self, ids: Tensor | Sequence[int], strip: bool = True) -> list[str]:
-        """Tokens of a 1-D id sequence. With ``strip``: stop at ``<eos>``, drop ``<pad>``/``<bos>``."""
-        ids = torch.as_tensor(ids)
+        """Tokens of a 1-D id sequence. With ``strip``: stop at ``<eos>``, drop ``<pad>``/``<bos>``.
+
+        Ids on a GPU are copied to the CPU once, before they are read."""
+        ids = torch.as_tensor(ids).cpu()
         if ids.dim() != 1:
             raise ValueError(f"decode takes one sequence (seq,), got shape {tuple(ids.shape)}")
         self.check_ids(ids)
