@@ -65,9 +65,10 @@ def check_target_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
                 raise Failed("mask convention reversed: True must mean may attend")
             if torch.equal(got, queries & causal):
                 raise Failed("you masked padded *query rows* (B, 1, T, 1) instead of padded *key "
-                             "columns* (B, 1, 1, T) — the make_tgt_mask bug of a widely copied tutorial: real queries "
-                             "can then read padding (see the left-padded batch), and padded rows "
-                             "are left with no key at all")
+                             "columns* (B, 1, 1, T) — the `(tgt != 0).unsqueeze(1).unsqueeze(3)` "
+                             "line of many from-scratch Transformers: real queries can then read "
+                             "padding (see the left-padded batch), and padded rows are left with "
+                             "no key at all")
             if torch.equal(got, keys & causal.T):
                 raise Failed("upper triangle: query t reads the future keys t..T-1 — keep tril")
             if torch.equal(got, keys.expand_as(want)):
