@@ -20,7 +20,6 @@ whole prefix at every step, :class:`KVCache` only the new tokens.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from torch import Tensor, nn
 from .. import decoding
 from ..attention import merge_heads, split_heads
 from ..layers import FeedForward, LayerNorm
+from .gpt_hf import config_from_hf, copy_hf_weights, load_hf_gpt2
 from .transformer import check_ids_in_range
 
 __all__ = ["GPTConfig", "GPT", "Block", "CausalSelfAttention", "TanhGELUFeedForward", "Recompute",
@@ -279,72 +279,25 @@ class GPT(nn.Module):
     # ----------------------------------------------------------------------- Hugging Face
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> "GPT":
-        """A copy of a Hugging Face ``GPT2LMHeadModel`` (same logits, in fp32, to ~1e-6).
-
-        Hugging Face's GPT-2 uses ``Conv1D`` layers whose weight is ``(in, out)``, the transpose
-        of ``nn.Linear``'s ``(out, in)``; its ``c_attn`` packs Q, K and V side by side, like our
-        ``qkv``.
-        """
-        c = hf_model.config
-        activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
-        if c.activation_function not in activations:
-            raise ValueError(f"unsupported activation_function {c.activation_function!r}")
-        unsupported = {"n_inner": c.n_inner not in (None, 4 * c.n_embd),
-                       "layer_norm_epsilon": c.layer_norm_epsilon != 1e-5,
-                       "scale_attn_weights": not c.scale_attn_weights,
-                       "scale_attn_by_inverse_layer_idx": c.scale_attn_by_inverse_layer_idx,
-                       "add_cross_attention": c.add_cross_attention}
-        if any(unsupported.values()):
-            raise ValueError(f"GPT2Config settings without a counterpart here: "
-                             f"{[k for k, bad in unsupported.items() if bad]}")
-        hf = hf_model.transformer
-        if hf_model.lm_head.weight.data_ptr() != hf.wte.weight.data_ptr():
-            raise ValueError("the Hugging Face model's output layer is not tied to its embedding")
-        config = GPTConfig(vocab_size=c.vocab_size, max_len=c.n_positions, d_model=c.n_embd,
-                           n_layers=c.n_layer, n_heads=c.n_head, dropout=c.resid_pdrop,
-                           activation=activations[c.activation_function])
-        ours = cls(config).to(device=hf.wte.weight.device)
-        with torch.no_grad():
-            ours.tok_embed.weight.copy_(hf.wte.weight)
-            ours.pos_embed.weight.copy_(hf.wpe.weight)
-            _copy_norm(ours.norm, hf.ln_f)
-            for block, h in zip(ours.blocks, hf.h):
-                _copy_norm(block.norm1, h.ln_1)
-                _copy_norm(block.norm2, h.ln_2)
-                for ours_layer, conv in ((block.attn.qkv, h.attn.c_attn), (block.attn.out_proj, h.attn.c_proj),
-                                         (block.ffn.linear1, h.mlp.c_fc), (block.ffn.linear2, h.mlp.c_proj)):
-                    ours_layer.weight.copy_(conv.weight.t())  # Conv1D (in, out) -> Linear (out, in)
-                    ours_layer.bias.copy_(conv.bias)
+        """A copy of a Hugging Face ``GPT2LMHeadModel`` (same logits, in fp32, to ~1e-6); the
+        details (``Conv1D``'s transposed weights, the packed ``c_attn``) are in
+        :mod:`tfm_course.models.gpt_hf`."""
+        ours = cls(GPTConfig(**config_from_hf(hf_model.config)))
+        ours = ours.to(device=hf_model.transformer.wte.weight.device)
+        copy_hf_weights(ours, hf_model)
         return ours
 
     @classmethod
     def from_pretrained(cls, name_or_folder: str | Path = "gpt2", sha256: str | None = None,
                         revision: str | None = None) -> "GPT":
-        """Load GPT-2 weights with Hugging Face ``transformers`` and copy them (:meth:`from_hf`).
+        """GPT-2's weights, loaded with Hugging Face ``transformers`` and copied (:meth:`from_hf`).
 
         ``name_or_folder``: a folder written by ``save_pretrained``, or a model name on the Hub
-        (downloaded at ``revision``, a commit hash: Colab only; the tokenizer's ``vocab.json`` and
-        ``merges.txt`` come along). With ``sha256`` the weights file ``model.safetensors`` must
-        have that hash, else ``ValueError``: pin it so a changed download cannot slip in.
+        (downloaded at ``revision``, a commit hash: Colab only). With ``sha256`` the weights file
+        ``model.safetensors`` must have that hash, else ``ValueError``: pin it so a changed
+        download cannot slip in.
         """
-        from transformers import GPT2LMHeadModel  # optional dependency: only this method needs it
-
-        folder = Path(name_or_folder)
-        if not folder.is_dir():
-            from huggingface_hub import snapshot_download
-            folder = Path(snapshot_download(str(name_or_folder), revision=revision, allow_patterns=[
-                "config.json", "model.safetensors", "vocab.json", "merges.txt"]))
-        if sha256 is not None:
-            digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
-            if digest != sha256.lower():
-                raise ValueError(f"{folder / 'model.safetensors'} has sha256 {digest}, "
-                                 f"expected {sha256}")
-        return cls.from_hf(GPT2LMHeadModel.from_pretrained(folder).eval())
-
-
-def _copy_norm(ours: LayerNorm, theirs: nn.LayerNorm) -> None:
-    ours.weight.copy_(theirs.weight)
-    ours.bias.copy_(theirs.bias)
+        return cls.from_hf(load_hf_gpt2(name_or_folder, sha256, revision))
 
 
 # --------------------------------------------------------------------------- decoding steppers
