@@ -121,7 +121,72 @@ def test_collection_imports_nothing_and_the_disk_cache_round_trips(tmp_path):
 
 
 def test_cache_dir_setting(monkeypatch, tmp_path):
-    monkeypatch.setenv("TFM_COURSE_CACHE", "off")
-    assert corpus.cache_dir() is None
+    for off in ("off", "0", "false", ""):
+        monkeypatch.setenv("TFM_COURSE_CACHE", off)
+        assert corpus.cache_dir() is None
     monkeypatch.setenv("TFM_COURSE_CACHE", str(tmp_path))
     assert corpus.cache_dir() == tmp_path
+    monkeypatch.delenv("TFM_COURSE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert corpus.cache_dir() == tmp_path / "xdg" / "tfm_course"
+
+
+FAKE = [corpus.Docstring("fake.module", "", "A fake docstring, collected."),
+        corpus.Docstring("fake.module", "f", "Another fake docstring.")]
+
+
+@pytest.fixture
+def fake_collection(monkeypatch, tmp_path):
+    """A disk cache in tmp_path and a cheap stand-in for the real collection, which counts its calls."""
+    calls = []
+
+    def collect(root=None):
+        calls.append(root)
+        return list(FAKE), {"docstrings kept": len(FAKE)}
+
+    monkeypatch.setenv("TFM_COURSE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(corpus, "collect", collect)
+    monkeypatch.setattr(corpus, "_collected", {})
+    corpus._corpus.cache_clear()
+    yield calls
+    corpus._corpus.cache_clear()  # the next caller reads the real corpus again
+
+
+def _reload() -> list[corpus.Docstring]:
+    corpus._corpus.cache_clear()  # a new process: only the disk cache is left
+    return corpus.stdlib_docstrings()
+
+
+def test_a_stale_or_damaged_disk_cache_is_never_read(fake_collection, tmp_path):
+    assert corpus.stdlib_docstrings() == FAKE and len(fake_collection) == 1
+    (path,) = (tmp_path / "cache").glob("stdlib-docstrings-*.json")
+    assert _reload() == FAKE and len(fake_collection) == 1, "a sound cache is read, not collected again"
+    good = path.read_text(encoding="utf-8")
+    data = json.loads(good)
+
+    forged = dict(data, documents=[["fake.module", "", "Forged text, valid JSON."]] + data["documents"][1:])
+    stale = dict(data, key="another-python-or-another-corpus-py")
+    damaged = {"edited text, old checksum": json.dumps(forged),
+               "written for another key": json.dumps(stale),
+               "truncated": good[: len(good) // 2],
+               "not an object": "[1, 2, 3]",
+               "no checksum": json.dumps({k: v for k, v in data.items() if k != "sha256"}),
+               "not UTF-8": b"\xff\xfe\x00 garbage"}
+    for n, (what, content) in enumerate(damaged.items(), start=2):
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+        assert _reload() == FAKE, what
+        assert len(fake_collection) == n, f"{what}: the cache was read instead of collecting again"
+        assert json.loads(path.read_text(encoding="utf-8")) == data, f"{what}: the cache was not rewritten"
+
+
+def test_the_corpus_works_without_a_usable_disk_cache(fake_collection, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TFM_COURSE_CACHE", str(blocker / "cache"))  # cannot be created
+    assert _reload() == FAKE and _reload() == FAKE and len(fake_collection) == 2
+    assert blocker.read_text() == "not a folder" and not list(tmp_path.glob("**/*.tmp*"))
+    monkeypatch.setenv("TFM_COURSE_CACHE", "off")
+    assert _reload() == FAKE and len(fake_collection) == 3

@@ -306,3 +306,67 @@ def test_default_tokenizer_is_trained_once_then_loaded_from_disk(monkeypatch, tm
         default_module._cached.cache_clear()
     with pytest.raises(ValueError, match="sequence of str"):
         default_module.default_tokenizer(512, special_tokens="[PAD]")
+
+
+@pytest.fixture
+def counted_training(monkeypatch):
+    """BPETokenizer.train, counting its calls; the in-memory cache cleared before and after."""
+    calls = []
+    train = BPETokenizer.train.__func__
+
+    def counting(cls, *args, **kwargs):
+        calls.append(args[1:])
+        return train(cls, *args, **kwargs)
+
+    monkeypatch.setattr(BPETokenizer, "train", classmethod(counting))
+    default_module._cached.cache_clear()
+    yield calls
+    default_module._cached.cache_clear()
+
+
+def _fresh_default():
+    default_module._cached.cache_clear()  # a new process: only the disk cache is left
+    return default_module.default_tokenizer(300, special_tokens=())
+
+
+def test_a_stale_or_damaged_tokenizer_cache_is_never_read(counted_training, monkeypatch, tmp_path):
+    monkeypatch.setenv("TFM_COURSE_CACHE", str(tmp_path))
+    want = _fresh_default()
+    (folder,) = tmp_path.glob("bpe-300-*")
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "merges.txt", "vocab.json"]
+    assert _fresh_default().merges == want.merges and len(counted_training) == 1, "a sound cache is read"
+    good = {name: (folder / name).read_bytes() for name in ("manifest.json", "merges.txt", "vocab.json")}
+    merges_lines = good["merges.txt"].splitlines(keepends=True)
+    manifest = json.loads(good["manifest.json"])
+    damaged = {
+        # the worst kind: GPT-2 files that load without error, with the last merges missing
+        "merges.txt truncated": {"merges.txt": b"".join(merges_lines[:-5])},
+        "two merges swapped": {"merges.txt": b"".join(merges_lines[:1] + merges_lines[2:3] + merges_lines[1:2]
+                                                      + merges_lines[3:])},
+        "vocab.json edited": {"vocab.json": good["vocab.json"].replace(b'"!": 33', b'"!": 299')},
+        "manifest of another key": {"manifest.json": json.dumps(dict(manifest, key="0" * 20)).encode()},
+        "manifest missing": {"manifest.json": None},
+        "manifest not JSON": {"manifest.json": b"{"},
+    }
+    for n, (what, changes) in enumerate(damaged.items(), start=2):
+        for name, content in changes.items():
+            if content is None:
+                (folder / name).unlink()
+            else:
+                (folder / name).write_bytes(content)
+        got = _fresh_default()
+        assert len(counted_training) == n, f"{what}: the damaged cache was read"
+        assert (got.vocab, got.merges) == (want.vocab, want.merges), what
+        assert {name: (folder / name).read_bytes() for name in good} == good, f"{what}: not rewritten"
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name], "no temporary folder is left behind"
+
+
+def test_default_tokenizer_works_without_a_usable_disk_cache(counted_training, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TFM_COURSE_CACHE", str(blocker / "cache"))  # cannot be created
+    first, second = _fresh_default(), _fresh_default()
+    assert first.merges == second.merges and len(counted_training) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+    monkeypatch.setenv("TFM_COURSE_CACHE", "off")
+    assert _fresh_default().merges == first.merges and len(counted_training) == 3

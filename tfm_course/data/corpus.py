@@ -26,13 +26,17 @@ the same on every machine and never depends on what else is installed.
 
 The corpus differs between Python versions (modules come and go), so tests assert ranges, never
 exact counts. It is collected once per process (cached in memory) and, to spare the few seconds
-of parsing in the next process, also cached on disk under :func:`cache_dir` with a key that
-changes whenever a source file does.
+of parsing in the next process, also cached on disk under :func:`cache_dir`. The file's name is a
+key of everything the result depends on (the Python version, this file's code, every source
+file's path, size and modification time), and the file carries a checksum of its content: a stale
+or damaged file is never read, the corpus is collected again. Without a usable cache (none yet, a
+read-only home, ``TFM_COURSE_CACHE=off``) everything still works, a few seconds slower.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
@@ -43,7 +47,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-CORPUS_VERSION = 1  # bump when the collection or the filtering changes (invalidates disk caches)
+CORPUS_VERSION = 2  # bump when the collection or the filtering changes (invalidates disk caches)
 VALIDATION_FRACTION = 0.1
 SPLITS = ("train", "validation")
 SKIPPED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
@@ -99,8 +103,12 @@ def cache_dir() -> Path | None:
     setting = os.environ.get("TFM_COURSE_CACHE")
     if setting is not None and setting.lower() in {"", "0", "off", "no", "false"}:
         return None
-    base = Path(setting) if setting else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tfm_course"
-    return base
+    if setting:
+        return Path(setting)
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfm_course"
+    except RuntimeError:  # no home directory to be found: no disk cache
+        return None
 
 
 def source_files(root: Path | None = None) -> list[Path]:
@@ -209,28 +217,52 @@ def _fingerprint(root: Path) -> str:
     return h.hexdigest()[:20]
 
 
+def _checksum(documents: list, report: dict) -> str:
+    return hashlib.sha256(json.dumps([documents, report], ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _read_cache(path: Path, key: str) -> tuple[list[Docstring], dict[str, int]] | None:
+    """The corpus stored in ``path``, or None if it is missing, stale or damaged in any way."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        documents, report = data["documents"], data["report"]
+        if data["key"] != key or data["sha256"] != _checksum(documents, report):
+            return None
+        docs = [Docstring(*d) for d in documents]
+        if not all(isinstance(field, str) for d in docs for field in (d.module, d.name, d.text)):
+            return None
+        return docs, {str(k): int(v) for k, v in report.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _write_cache(path: Path, key: str, docs: list[Docstring], report: dict[str, int]) -> None:
+    """Write atomically (a temporary file, then a rename): a reader sees the old file or the whole new one."""
+    documents = [[d.module, d.name, d.text] for d in docs]
+    payload = {"key": key, "sha256": _checksum(documents, report), "documents": documents, "report": report}
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(payload, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:  # a read-only or full disk: keep the in-memory cache only
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
 @functools.lru_cache(maxsize=None)
 def _corpus() -> tuple[tuple[Docstring, ...], dict[str, int]]:
     root = stdlib_root()
     folder = cache_dir()
-    cached = folder / f"stdlib-docstrings-{_fingerprint(root)}.json" if folder else None
-    if cached is not None and cached.exists():
-        try:
-            data = json.loads(cached.read_text(encoding="utf-8"))
-            return tuple(Docstring(*d) for d in data["documents"]), data["report"]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged cache file: collect again
-    docs, report = _collected.get(root) or collect(root)
-    if cached is not None:
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".tmp{os.getpid()}")
-            payload = {"documents": [[d.module, d.name, d.text] for d in docs], "report": report}
-            tmp.write_text(json.dumps(payload, ensure_ascii=False), encoding="utf-8")
-            os.replace(tmp, cached)
-        except OSError:
-            pass  # a read-only home: keep the in-memory cache only
-    return tuple(docs), report
+    key = _fingerprint(root) if folder else ""
+    cached = folder / f"stdlib-docstrings-{key}.json" if folder else None
+    found = _read_cache(cached, key) if cached is not None else None
+    if found is None:
+        found = _collected.get(root) or collect(root)
+        if cached is not None:
+            _write_cache(cached, key, *found)
+    docs, report = found
+    return tuple(docs), dict(report)
 
 
 def stdlib_docstrings() -> list[Docstring]:
