@@ -5,7 +5,10 @@
     python tools/bench_bpe.py --json out.json # also write the numbers as JSON
 
 What it measures, all on one core (Python is single-threaded; HF ``tokenizers`` is told to use one
-thread with ``TOKENIZERS_PARALLELISM=false`` and ``RAYON_NUM_THREADS=1``):
+thread with ``TOKENIZERS_PARALLELISM=false`` and ``RAYON_NUM_THREADS=1``). Every time is the
+process's CPU time (``time.process_time``, all threads), which other programs on a shared machine
+do not inflate the way they inflate the wall clock (on an idle machine the two agree), taken with
+the garbage collector paused, as ``timeit`` does:
 
 1. **Training** a 4,096-token vocabulary on the whole corpus (both splits, 1.75 M characters):
    ours (:mod:`tfm_course.tokenizers.bpe_train`) and HF's Rust trainer (ByteLevel BPE, same
@@ -27,6 +30,8 @@ thread with ``TOKENIZERS_PARALLELISM=false`` and ``RAYON_NUM_THREADS=1``):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import sys
@@ -42,12 +47,23 @@ from tfm_course.tokenizers.naive_bpe import naive_merge_step  # noqa: E402
 from tfm_course.tokenizers.pretokenize import pretokenize  # noqa: E402
 
 
+@contextlib.contextmanager
+def no_gc():
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def best_of(fn, repeats: int) -> tuple[float, object]:
+    """The smallest CPU time of ``repeats`` calls of ``fn`` (garbage collector paused), and its last result."""
     best, result = float("inf"), None
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
+        with no_gc():
+            start = time.process_time()
+            result = fn()
+            best = min(best, time.process_time() - start)
     return best, result
 
 
@@ -86,11 +102,12 @@ def naive_estimate(docs: list[str], vocab_size: int, points: int, steps: int,
     samples = []
     for m in positions:
         chunks, tokens = naive_state(tokenizer, docs, m)
-        start = time.perf_counter()
-        for k in range(steps):
-            chunks, merge = naive_merge_step(chunks, tokens)
-            assert merge == tokenizer.merges[m + k], (m + k, merge)  # the very same training
-        samples.append((m, (time.perf_counter() - start) / steps))
+        with no_gc():
+            start = time.process_time()
+            for k in range(steps):
+                chunks, merge = naive_merge_step(chunks, tokens)
+                assert merge == tokenizer.merges[m + k], (m + k, merge)  # the very same training
+            samples.append((m, (time.process_time() - start) / steps))
     inside = sum((m1 - m0) * (t0 + t1) / 2 for (m0, t0), (m1, t1) in zip(samples, samples[1:]))
     return inside + (n - samples[-1][0]) * samples[-1][1], samples
 
@@ -171,7 +188,7 @@ def _vocab_merges(pieces, vocab_size):
 
 
 def report(out: dict) -> None:
-    print(f"\nTraining 4,096 tokens on {out['corpus_chars']:,} characters (one core, best of runs):")
+    print(f"\nTraining 4,096 tokens on {out['corpus_chars']:,} characters (one core, CPU time, best of runs):")
     print(f"  ours            {out['ours_train_s']:8.2f} s   (of which counting pieces {out['ours_count_s']:.2f} s)")
     if "hf_train_s" in out:
         print(f"  HF tokenizers   {out['hf_train_s']:8.2f} s   -> ours / HF = {out['ours_train_s'] / out['hf_train_s']:.1f}x")
