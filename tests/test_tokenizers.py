@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cuda_helpers import needs_cuda
 from tfm_course.data import corpus
 from tfm_course.tokenizers import (BPETokenizer, bytes_to_unicode, count_pieces, pretokenize, text_to_token,
                                    token_to_text, train_bpe, train_bpe_naive)
@@ -279,10 +280,19 @@ def test_bad_input_gives_clear_errors(tok):
         BPETokenizer({i: bytes([i]) for i in range(256)}, [(b"a", b"b")])
 
 
-def test_decode_accepts_a_tensor(tok):
+def test_decode_accepts_a_tensor_or_an_array(tok):
     torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
     ids = tok.encode("hello world")
-    assert tok.decode(torch.tensor(ids)) == "hello world"
+    assert tok.decode(torch.tensor(ids)) == tok.decode(np.array(ids)) == "hello world"
+
+
+@needs_cuda
+def test_decode_accepts_a_cuda_tensor(tok):
+    import torch
+
+    ids = tok.encode("hello world 😀")
+    assert tok.decode(torch.tensor(ids, device="cuda")) == "hello world 😀"
 
 
 # --------------------------------------------------------------------------- the shared default tokenizer

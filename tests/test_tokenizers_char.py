@@ -38,3 +38,9 @@ def test_min_count_and_bad_input():
         tok.encode(b"a")
     with pytest.raises(ValueError, match="ids must be ints"):
         tok.decode([7])
+
+
+def test_decode_accepts_a_tensor():
+    torch = pytest.importorskip("torch")
+    tok = CharTokenizer.train("hello")
+    assert tok.decode(torch.tensor(tok.encode("hole"))) == "hole"

@@ -178,8 +178,8 @@ class BPETokenizer:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        if hasattr(ids, "tolist"):  # a tensor or an array of ids
-            ids = ids.tolist()
+        if hasattr(ids, "tolist"):  # a tensor (on any device: read once, on the CPU) or an array of ids
+            ids = (ids.cpu() if hasattr(ids, "cpu") else ids).tolist()
         try:
             return b"".join(self.vocab[i] for i in ids)
         except (KeyError, TypeError):

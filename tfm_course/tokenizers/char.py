@@ -67,8 +67,8 @@ class CharTokenizer:
         return ids
 
     def decode(self, ids: Iterable[int]) -> str:
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()
+        if hasattr(ids, "tolist"):  # a tensor (on any device: read once, on the CPU) or an array of ids
+            ids = (ids.cpu() if hasattr(ids, "cpu") else ids).tolist()
         try:
             return "".join(self.vocab[i] for i in ids)
         except (KeyError, TypeError):
