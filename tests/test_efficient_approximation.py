@@ -55,6 +55,10 @@ def test_low_rank_error_is_eckart_young():
         best = (U[..., :r] * S[..., None, :r]) @ Vh[..., :r, :]
         torch.testing.assert_close(low_rank_error(A, r), relative_error(best, A))
     assert torch.equal(low_rank_error(A, 0), torch.ones(3, dtype=torch.float64))
+    several = low_rank_error(A, [0, 1, 5, 20])  # one decomposition, a last dim of ranks
+    assert several.shape == (3, 4)
+    for i, r in enumerate((0, 1, 5, 20)):
+        torch.testing.assert_close(several[:, i], low_rank_error(A, r))
 
 
 def test_fixed_subspace_error_is_eckart_young_for_one_matrix_and_a_projection_for_several():
@@ -76,6 +80,7 @@ def test_fixed_subspace_error_is_eckart_young_for_one_matrix_and_a_projection_fo
     projected = rows @ top.T @ top
     want = (rows - projected).norm() / rows.norm()
     torch.testing.assert_close(fixed_subspace_error(own, 6), want)
+    torch.testing.assert_close(fixed_subspace_error(own, [4, 6])[1], want)
 
 
 def test_segment_mean_projection_averages_consecutive_segments():
@@ -95,6 +100,7 @@ def test_segment_mean_projection_averages_consecutive_segments():
     (lambda: low_rank_error(torch.ones(3, 3), -1), "non-negative"),
     (lambda: fixed_subspace_error(torch.ones(3, 3), 1), r"\(\.\.\., batch, n_q, n_k\)"),
     (lambda: fixed_subspace_error(torch.ones(1, 3, 3), -1), "non-negative"),
+    (lambda: low_rank_error(torch.ones(3, 3), [2, -1]), "non-negative"),
     (lambda: relative_error(torch.ones(2, 3), torch.ones(3, 2)), "shapes differ"),
 ])
 def test_bad_inputs_raise(call, match):

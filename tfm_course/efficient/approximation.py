@@ -21,6 +21,7 @@ The relative error is ``‖Â − A‖_F / ‖A‖_F`` per draw. Nothing here tr
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -125,27 +126,43 @@ def linformer_error(k_proj: int, logit_std: float = 0.25, projection: str = "seg
     return relative_error(approx, exact)
 
 
-def low_rank_error(weights: Tensor, rank: int) -> Tensor:
+def _energies(a: Tensor) -> Tensor:
+    """Squared singular values of each ``(..., r, c)`` matrix, descending: the eigenvalues of the
+    smaller Gram matrix (aᵀa or a aᵀ), much faster than an SVD for the tall row stacks above."""
+    gram = a.transpose(-2, -1) @ a if a.shape[-2] >= a.shape[-1] else a @ a.transpose(-2, -1)
+    return torch.linalg.eigvalsh(gram).flip(-1).clamp_min(0)
+
+
+def _tail_error(energy: Tensor, rank: int | Sequence[int]) -> Tensor:
+    """sqrt(Σ_{i ≥ rank} e_i / Σ e_i) from descending energies ``(..., r)``; ranks add a last dim."""
+    ranks = [rank] if isinstance(rank, int) else list(rank)
+    if any(r < 0 for r in ranks):
+        raise ValueError(f"rank must be non-negative, got {rank}")
+    total = energy.sum(-1)
+    errors = torch.stack([(energy[..., r:].sum(-1) / total).clamp_min(0).sqrt() for r in ranks], -1)
+    return errors[..., 0] if isinstance(rank, int) else errors
+
+
+def low_rank_error(weights: Tensor, rank: int | Sequence[int]) -> Tensor:
     """Relative error of the best rank-``rank`` approximation of each ``(..., n, n)`` matrix.
 
     By Eckart–Young it is ``sqrt(Σ_{i>rank} s_i² / Σ_i s_i²)`` from the singular values s: the
     floor under any rank-``rank`` method (Linformer's k), for random or trained attention weights.
+    Returns ``(...)``, or ``(..., len(rank))`` for a sequence of ranks (one decomposition for all).
     """
     if weights.dim() < 2:
         raise ValueError(f"weights must be (..., n, n), got {tuple(weights.shape)}")
-    if rank < 0:
-        raise ValueError(f"rank must be non-negative, got {rank}")
-    energy = torch.linalg.svdvals(weights.double()).square()  # (..., min(n_q, n_k)), descending
-    return (energy[..., rank:].sum(-1) / energy.sum(-1)).sqrt().to(weights.dtype)
+    return _tail_error(_energies(weights.double()), rank).to(weights.dtype)
 
 
-def fixed_subspace_error(weights: Tensor, rank: int) -> Tensor:
+def fixed_subspace_error(weights: Tensor, rank: int | Sequence[int]) -> Tensor:
     """Relative error of the best approximation of a *set* of matrices by one shared row space.
 
     ``weights``: ``(..., batch, n_q, n_k)``, e.g. one head's attention matrices for ``batch``
     inputs. All ``batch · n_q`` rows are projected onto the best ``rank``-dim subspace of R^n_k for
     all of them together (their top right singular vectors, stacked), and the error
-    ``sqrt(Σ_b ‖A_b − A_b P‖² / Σ_b ‖A_b‖²)`` is returned, shape ``(...)``.
+    ``sqrt(Σ_b ‖A_b − A_b P‖² / Σ_b ‖A_b‖²)`` is returned, shape ``(...)`` (or ``(..., len(rank))``
+    for a sequence of ranks).
 
     Why this matters for Linformer: its output is ``P̄ (F V)`` with P̄ of shape (n, k), so its
     attention matrix ``P̄ F`` has rows in the row space of F — a *fixed* k-dim subspace, the same
@@ -154,11 +171,8 @@ def fixed_subspace_error(weights: Tensor, rank: int) -> Tensor:
     """
     if weights.dim() < 3:
         raise ValueError(f"weights must be (..., batch, n_q, n_k), got {tuple(weights.shape)}")
-    if rank < 0:
-        raise ValueError(f"rank must be non-negative, got {rank}")
     rows = weights.double().flatten(-3, -2)  # (..., batch · n_q, n_k): every row of every input
-    energy = torch.linalg.svdvals(rows).square()
-    return (energy[..., rank:].sum(-1) / energy.sum(-1)).sqrt().to(weights.dtype)
+    return _tail_error(_energies(rows), rank).to(weights.dtype)
 
 
 def trigonometric_random_features(x: Tensor, projection: Tensor) -> Tensor:
