@@ -66,16 +66,16 @@ def recall_accuracy(model: nn.Module, inputs: Tensor, labels: Tensor, batch_size
 
 def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 256,
                  d_model: int = 64, num_layers: int = 2, num_heads: int = 4, steps: int = 1000,
-                 batch_size: int = 64, lr: float = 3e-3, seed: int = 0, n_test: int = 512,
-                 target: float | None = 0.99, eval_every: int = 50,
+                 batch_size: int = 64, lr: float = 3e-3, weight_decay: float = 0.0, seed: int = 0,
+                 n_test: int = 512, target: float | None = 0.99, eval_every: int = 50,
                  time_limit_s: float | None = None, device: torch.device | str | None = None,
                  scan_mode: str | None = None, progress: bool = False) -> RecallResult:
     """Train one ``MixerLM(mixer)`` on MQAR(``seq_len``, ``n_pairs``); return a :class:`RecallResult`.
 
     The model and its training batches are seeded by ``seed``; the test set by ``10_000 + seed``
-    (never seen in training). AdamW with a warm-up and cosine schedule over ``steps``; training
-    stops early when the test accuracy reaches ``target`` (None: never) or after
-    ``time_limit_s`` seconds. Mamba's scan is ``scan_mode``, by default sequential on a CPU and
+    (never seen in training). AdamW (``lr``, ``weight_decay``) with a warm-up and a cosine schedule
+    over ``steps``; training stops early when the test accuracy reaches ``target`` (None: never)
+    or after ``time_limit_s`` seconds. Mamba's scan is ``scan_mode``, by default sequential on a CPU and
     parallel on an accelerator.
     """
     device = torch.device(device) if device is not None else get_device()
@@ -102,7 +102,7 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
         return target is not None and history.last("accuracy") >= target
 
     cpu_start = time.process_time()
-    history = train(model, make_batch, loss_fn, steps=steps, lr=lr,
+    history = train(model, make_batch, loss_fn, steps=steps, lr=lr, weight_decay=weight_decay,
                     schedule=warmup_cosine(min(50, steps // 10), steps), eval_fn=eval_fn,
                     eval_every=eval_every, stop_when=reached, time_limit_s=time_limit_s,
                     progress=progress, desc=f"{mixer} L={seq_len} pairs={n_pairs}")

@@ -43,8 +43,8 @@ from tfm_course.recall_bench import train_recall  # noqa: E402
 
 CPU = dict(settings="64:4,128:8,256:16", seeds=2, steps=1500, batch_size=64, time_limit_s=120.0,
            workers=1)
-GPU = dict(settings="64:4,128:8,256:16,512:32", seeds=3, steps=3000, batch_size=64,
-           time_limit_s=240.0, workers=None)  # workers: one per 16 GB of GPU memory, at most 8
+GPU = dict(settings="64:4,128:8,256:16,512:32", seeds=3, steps=10000, batch_size=64,
+           time_limit_s=900.0, workers=None)  # workers: one per 16 GB of GPU memory, at most 8
 QUICK = dict(settings="64:4", seeds=1, steps=300, batch_size=64, time_limit_s=8.0, workers=1)
 
 
@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-limit-s", type=float, help="stop a run after this many seconds")
     p.add_argument("--workers", type=int, help="runs at once (GPU)")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--vocab-size", type=int, default=256)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--num-layers", type=int, default=2)
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"command: {command}\nmachine: {where}", flush=True)
     jobs = [dict(mixer=m, seq_len=length, n_pairs=pairs, seed=seed, vocab_size=args.vocab_size,
                  d_model=args.d_model, num_layers=args.num_layers, steps=args.steps,
-                 batch_size=args.batch_size, lr=args.lr, target=args.target,
+                 batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+                 target=args.target,
                  time_limit_s=args.time_limit_s, device=args.device, threads=args.threads)
             for length, pairs in args.setting_list for seed in range(args.seeds) for m in args.mixer_list]
     records: list[dict] = []
