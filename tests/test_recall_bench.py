@@ -89,6 +89,18 @@ def test_generation_profile_memory_grows_only_for_attention():
         generation_profile(model, [4], stat="mean")
 
 
+def test_generation_profile_of_chapter_8s_gpt_with_its_kv_cache():
+    from tfm_course.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=20, max_len=64, d_model=16, n_layers=2, n_heads=2))
+    rows = generation_profile(gpt, [5, 20], batch=3, repeats=3)
+    assert [r["context"] for r in rows] == [5, 20]
+    for r in rows:
+        assert r["state_bytes"] == r["context"] * gpt.kv_cache_bytes_per_token() and r["s_per_token"] > 0
+    assert gpt.training  # left as it was
+
+
 def test_scan_timings_rows():
     rows = scan_timings([4, 9], batch=1, d_inner=4, d_state=2, repeats=1)
     assert [r["length"] for r in rows] == [4, 9]

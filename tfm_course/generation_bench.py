@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -29,9 +29,10 @@ def generation_profile(model: torch.nn.Module, contexts: Sequence[int], batch: i
                        repeats: int = 20, stat: str = "min", seed: int = 0) -> list[dict]:
     """Memory and time of generation steps after each context length in ``contexts``.
 
-    ``model`` needs ``step(token (batch,), state) -> (logits, state)`` (e.g.
-    :class:`~tfm_course.models.mixer_lm.MixerLM`) and an ``embed`` table; random tokens are fed
-    one by one (the prefill is the same step loop). At each context n the row holds:
+    ``model`` is a :class:`~tfm_course.models.mixer_lm.MixerLM` (any object with ``step(token
+    (batch,), state) -> (logits, state)`` and an ``embed`` table), whose prefill is the same step
+    loop, or chapter 8's :class:`~tfm_course.models.gpt.GPT`, whose KV cache is filled by one
+    parallel pass over the prompt. Random tokens; at each context n the row holds:
 
     * ``state_bytes`` — bytes of the tensors in the state after n tokens, per sequence;
     * ``s_per_token`` — seconds of one step, the fastest (``stat="min"``, steady on a busy
@@ -46,26 +47,44 @@ def generation_profile(model: torch.nn.Module, contexts: Sequence[int], batch: i
     if repeats < 1:
         raise ValueError(f"repeats must be positive, got {repeats}")
     device = next(model.parameters()).device
+    vocab_size = model.config.vocab_size if hasattr(model, "config") else model.embed.num_embeddings
     gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(model.embed.num_embeddings, (batch, contexts[-1] + repeats), generator=gen)
-    tokens = tokens.to(device)
+    tokens = torch.randint(vocab_size, (batch, contexts[-1] + repeats), generator=gen).to(device)
     was_training = model.training
     model.eval()
-    rows, state, done = [], None, 0
-    for n in contexts:
-        for t in range(done, n):  # prefill to exactly n tokens
-            _, state = model.step(tokens[:, t], state)
-        row = {"context": n, "state_bytes": tensor_bytes(state) // batch}
-        times, branch = [], state  # step() never changes a state in place: branch off it
+    rows = []
+
+    def timed(step: Callable[[int], None], n: int) -> float:
+        times = []
         for t in range(n, n + repeats):
             synchronize(device)
             start = time.perf_counter()
-            _, branch = model.step(tokens[:, t], branch)
+            step(t)
             synchronize(device)
             times.append(time.perf_counter() - start)
+        return min(times) if stat == "min" else statistics.median(times)
+
+    if hasattr(model, "stepper"):  # chapter 8's GPT: one parallel prefill into its KV cache
+        for n in contexts:
+            cache = model.stepper(use_cache=True)
+            cache(tokens[:, :n])
+            row = {"context": n, "state_bytes": cache.nbytes() // batch}
+            row["s_per_token"] = timed(lambda t: cache(tokens[:, :t + 1]), n)
+            rows.append(row)
+        model.train(was_training)
+        return rows
+    state, done = None, 0
+    for n in contexts:
+        for t in range(done, n):  # prefill to exactly n tokens, one step at a time
+            _, state = model.step(tokens[:, t], state)
         done = n
-        row["s_per_token"] = min(times) if stat == "min" else statistics.median(times)
-        rows.append(row)
+        branch = [state]  # step() never changes a state in place: the timed steps branch off it
+
+        def step(t: int) -> None:
+            _, branch[0] = model.step(tokens[:, t], branch[0])
+
+        rows.append({"context": n, "state_bytes": tensor_bytes(state) // batch,
+                     "s_per_token": timed(step, n)})
     model.train(was_training)
     return rows
 
