@@ -174,3 +174,11 @@ def test_nbval_compares_a_marked_cell_and_catches_a_changed_output(tmp_path):
     assert run_with("42\n").returncode == 0
     wrong = run_with("43\n")
     assert wrong.returncode != 0 and "Cell outputs differ" in wrong.stdout, wrong.stdout[-2000:]
+
+
+def test_glossary_entries_sit_inside_the_glossary_block():
+    """Entries appended after the closing fence would show as plain paragraphs, not glossary terms."""
+    lines = (ROOT / "book" / "glossary.md").read_text(encoding="utf-8").rstrip().splitlines()
+    fences = [i for i, line in enumerate(lines) if line.startswith("```")]
+    assert len(fences) == 2 and lines[fences[0]] == "```{glossary}" and fences[1] == len(lines) - 1, (
+        "book/glossary.md: one ```{glossary} block, closed on the last line; add new terms before it")
