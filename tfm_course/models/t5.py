@@ -37,7 +37,7 @@ from .t5_blocks import (BlockCache, GatedGELU, T5Attention, T5Block, T5Stack, at
                         causal_mask_last, prefix_lm_mask)
 from .t5_hf import hf_state_to_ours, read_hf_folder
 
-__all__ = ["T5Config", "T5", "T5Stepper", "shift_right",
+__all__ = ["T5Config", "T5", "T5Stepper", "shift_right", "init_t5_weights",
            # the building blocks, from t5_blocks
            "attention_bias", "causal_mask_last", "prefix_lm_mask", "T5Attention", "GatedGELU",
            "T5Block", "T5Stack"]
@@ -119,6 +119,38 @@ def shift_right(labels: Tensor, start_id: int = 0) -> Tensor:
     return torch.cat([start, labels[:, :-1]], dim=1)
 
 
+@torch.no_grad()
+def init_t5_weights(model: nn.Module, config: T5Config) -> None:
+    """Mesh TensorFlow's initialisation, as in T5: normal with these standard deviations.
+
+    Embedding (``model.shared``) 1; q (d_model·d_kv)^-1/2 (the missing 1/√d_kv of the scores lives
+    here); k, v d_model^-1/2; o (heads·d_kv)^-1/2; FFN in d_model^-1/2, out d_ff^-1/2; relative
+    bias d_model^-1/2; an untied output layer (``model.lm_head``) d_model^-1/2; norms 1. Used by
+    :class:`T5` and by the single-stack models of :mod:`tfm_course.models.t5_lm`.
+    """
+    c = config
+    nn.init.normal_(model.shared.weight, std=1.0)
+    if model.lm_head.weight is not model.shared.weight:  # tied: the embedding's init stands
+        nn.init.normal_(model.lm_head.weight, std=c.d_model ** -0.5)
+    for m in model.modules():
+        if isinstance(m, T5Attention):
+            nn.init.normal_(m.q.weight, std=(c.d_model * c.d_kv) ** -0.5)
+            nn.init.normal_(m.k.weight, std=c.d_model ** -0.5)
+            nn.init.normal_(m.v.weight, std=c.d_model ** -0.5)
+            nn.init.normal_(m.o.weight, std=(c.num_heads * c.d_kv) ** -0.5)
+        elif isinstance(m, FeedForward):  # ReLU: linear1, linear2
+            nn.init.normal_(m.linear1.weight, std=c.d_model ** -0.5)
+            nn.init.normal_(m.linear2.weight, std=c.d_ff ** -0.5)
+        elif isinstance(m, GatedGELU):
+            nn.init.normal_(m.gate.weight, std=c.d_model ** -0.5)
+            nn.init.normal_(m.up.weight, std=c.d_model ** -0.5)
+            nn.init.normal_(m.down.weight, std=c.d_ff ** -0.5)
+        elif isinstance(m, T5RelativeBias):
+            nn.init.normal_(m.embedding.weight, std=c.d_model ** -0.5)
+        elif isinstance(m, RMSNorm):
+            nn.init.ones_(m.weight)
+
+
 # --------------------------------------------------------------------------- the model
 class T5(nn.Module):
     """Shared embedding, encoder stack, decoder stack, output layer (tied by default)."""
@@ -135,34 +167,9 @@ class T5(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.shared.weight
 
-    @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Mesh TensorFlow's initialisation, as in T5: normal with these standard deviations.
-
-        Embedding 1; q (d_model·d_kv)^-1/2 (the missing 1/√d_kv of the scores lives here);
-        k, v d_model^-1/2; o (heads·d_kv)^-1/2; FFN in d_model^-1/2, out d_ff^-1/2; relative bias
-        d_model^-1/2; an untied output layer d_model^-1/2; norms 1.
-        """
-        c = self.config
-        nn.init.normal_(self.shared.weight, std=1.0)
-        nn.init.normal_(self.lm_head.weight, std=c.d_model ** -0.5)
-        for m in self.modules():
-            if isinstance(m, T5Attention):
-                nn.init.normal_(m.q.weight, std=(c.d_model * c.d_kv) ** -0.5)
-                nn.init.normal_(m.k.weight, std=c.d_model ** -0.5)
-                nn.init.normal_(m.v.weight, std=c.d_model ** -0.5)
-                nn.init.normal_(m.o.weight, std=(c.num_heads * c.d_kv) ** -0.5)
-            elif isinstance(m, FeedForward):  # ReLU: linear1, linear2
-                nn.init.normal_(m.linear1.weight, std=c.d_model ** -0.5)
-                nn.init.normal_(m.linear2.weight, std=c.d_ff ** -0.5)
-            elif isinstance(m, GatedGELU):
-                nn.init.normal_(m.gate.weight, std=c.d_model ** -0.5)
-                nn.init.normal_(m.up.weight, std=c.d_model ** -0.5)
-                nn.init.normal_(m.down.weight, std=c.d_ff ** -0.5)
-            elif isinstance(m, T5RelativeBias):
-                nn.init.normal_(m.embedding.weight, std=c.d_model ** -0.5)
-            elif isinstance(m, RMSNorm):
-                nn.init.ones_(m.weight)
+        """Mesh TensorFlow's initialisation, as in T5 (:func:`init_t5_weights`)."""
+        init_t5_weights(self, self.config)
 
     @staticmethod
     def _source_mask(shape: torch.Size, attention_mask: Tensor | None) -> Tensor | None:
