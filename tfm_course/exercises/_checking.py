@@ -50,6 +50,37 @@ def close(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5, rtol: float
     return bool(torch.allclose(got.detach().double().cpu(), want.detach().double().cpu(), atol=atol, rtol=rtol))
 
 
+def seeded(seed: int = 0) -> torch.Generator:
+    """A CPU generator with this seed: every checker draws its test inputs from one."""
+    return torch.Generator().manual_seed(seed)
+
+
+Mistakes = list[tuple[Callable[[], torch.Tensor], str]]
+
+
+def compare_with_mistakes(got: Any, want: torch.Tensor, mistakes: Mistakes, what: str,
+                          atol: float = 1e-5) -> None:
+    """Pass if ``got`` ≈ ``want``; otherwise name the first known mistake that ``got`` reproduces.
+
+    ``mistakes`` pairs a function that computes a typical wrong answer with the message that
+    explains it; a mistake that does not apply to these inputs (it raises) is skipped. With no
+    match, the message says whether ``got`` holds inf/NaN, or how far it is from ``want``.
+    """
+    got = expect_tensor(got, want, what).detach().cpu()
+    if close(got, want, atol=atol, rtol=atol):
+        return
+    for make_wrong, message in mistakes:
+        try:
+            wrong = make_wrong()
+        except (RuntimeError, IndexError):  # a mistake that does not apply to these inputs
+            continue
+        if wrong.shape == got.shape and close(got, wrong, atol=atol, rtol=atol):
+            raise Failed(message)
+    if not bool(torch.isfinite(got.double()).all()):
+        raise Failed(f"{what} contains inf or NaN")
+    raise Failed(f"{what} differs from the expected values by up to {max_error(got, want):.3g}")
+
+
 def run_checks(title: str, checks: list[tuple[str, Callable[[], None]]]) -> bool:
     """Run named checks in order, stop at the first problem, print a verdict; return True if all pass.
 

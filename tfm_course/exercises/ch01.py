@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..attention import causal_mask, masked_softmax, padding_mask, scaled_dot_product_attention
-from ._checking import Failed, attempt, close, expect_tensor, run_checks
+from ._checking import Failed, attempt, close, expect_tensor, run_checks, seeded
 
 __all__ = [
     "check_causal_mask",
@@ -49,10 +49,6 @@ FP16_SCORES_OVERFLOW = ("in float16, q @ kᵀ overflowed to inf before the divis
 WRONG_AXIS = ("softmax over the wrong axis: normalise over the keys (the last dim), so that each "
               "query's weights sum to 1")
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-
-
-def _generator(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _expect_bool(got: Tensor, want: Tensor, what: str) -> None:
@@ -208,7 +204,7 @@ def _unwrap_overflow(check: Callable[[], None]) -> Callable[[], None]:
 
 def check_masked_softmax(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     """``fn(scores, mask)``: softmax over the keys, zero weight on blocked keys, zero rows when all are blocked."""
-    g = _generator(1)
+    g = seeded(1)
     s2 = torch.randn(6, 6, generator=g) * 2
     causal = causal_mask(6)
     s4 = torch.randn(2, 3, 5, 7, generator=g) * 2
@@ -347,7 +343,7 @@ def check_scaled_dot_product_attention(fn: Callable[..., Tensor]) -> bool:
     A function that calls PyTorch's ``F.scaled_dot_product_attention`` (or its fused kernels) is
     refused: the exercise is to write the maths.
     """
-    g = _generator(2)
+    g = seeded(2)
 
     def randn(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=g)

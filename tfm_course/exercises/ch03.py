@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention, causal_mask, kv_cache_bytes, merge_heads, padding_mask, split_heads
-from ._checking import Failed, attempt, close, expect_tensor, max_error, run_checks
+from ._checking import Failed, attempt, close, expect_tensor, max_error, run_checks, seeded
 
 __all__ = [
     "check_split_heads",
@@ -56,10 +56,6 @@ REVERSED = ("mask reversed: in this book True = may attend (PyTorch's nn.Multihe
             "the opposite, True = blocked)")
 
 
-def _generator(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def _hint_noncontiguous(check: Callable[[], None]) -> Callable[[], None]:
     """Replace the cryptic "view size is not compatible" error with a hint in words."""
     def wrapped() -> None:
@@ -78,7 +74,7 @@ def check_split_heads(fn: Callable[[Tensor, int], Tensor]) -> bool:
 
     def case(batch: int, seq: int, heads: int, d_head: int) -> Callable[[], None]:
         def check() -> None:
-            x = torch.randn(batch, seq, heads * d_head, generator=_generator(seq))
+            x = torch.randn(batch, seq, heads * d_head, generator=seeded(seq))
             want = split_heads(x, heads)
             got = attempt(fn, x.clone(), heads)
             if isinstance(got, Tensor) and got.shape == (batch, seq, heads, d_head) != want.shape:
@@ -108,7 +104,7 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor]) -> bool:
 
     def case(batch: int, heads: int, seq: int, d_head: int) -> Callable[[], None]:
         def check() -> None:
-            x = torch.randn(batch, heads, seq, d_head, generator=_generator(seq + 10))
+            x = torch.randn(batch, heads, seq, d_head, generator=seeded(seq + 10))
             want = merge_heads(x)
             got = attempt(fn, x.clone())
             if isinstance(got, Tensor) and got.shape == (batch, seq, heads, d_head):
@@ -198,7 +194,7 @@ def check_mha_forward(fn: Callable[..., Tensor]) -> bool:
         def check() -> None:
             torch.manual_seed(d_model + n_q)
             mha = MultiHeadAttention(d_model, heads).eval()
-            g = _generator(n_k)
+            g = seeded(n_k)
             query = torch.randn(2, n_q, d_model, generator=g)
             key = query if n_q == n_k else torch.randn(2, n_k, d_model, generator=g)
             mask = None
@@ -215,7 +211,6 @@ def check_mha_forward(fn: Callable[..., Tensor]) -> bool:
             expect_tensor(got, want, "the output")
             if close(got, want):
                 return
-            every = torch.ones(got.shape[:-1], dtype=torch.bool)
 
             def like(**mistake: object) -> bool:
                 with torch.no_grad():
@@ -313,7 +308,7 @@ def check_load_torch_weights(fn: Callable[[nn.MultiheadAttention], nn.Module]) -
                         raise Failed(f"{name}_proj.bias was not copied from its third of in_proj_bias")
                 if not _same(ours.out_proj.bias, m.out_proj.bias.detach()):
                     raise Failed("out_proj.bias was not copied")
-            x = torch.randn(2, 5, d_model, generator=_generator(d_model))
+            x = torch.randn(2, 5, d_model, generator=seeded(d_model))
             mask = causal_mask(5)
             with torch.no_grad():
                 want = m(x, x, x, attn_mask=~mask, need_weights=False)[0]  # PyTorch: True = blocked

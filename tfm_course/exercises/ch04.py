@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..attention import padding_mask
 from ..layers import EncoderLayer
-from ._checking import Failed, attempt, close, expect_tensor, max_error, run_checks
+from ._checking import Failed, attempt, compare_with_mistakes, run_checks, seeded
 
 __all__ = ["check_layer_norm", "check_rms_norm", "check_swiglu", "check_post_ln_layer",
            "check_pre_ln_layer"]
@@ -35,31 +35,8 @@ WRONG_AXIS = ("normalised over the wrong axis: each position's feature vector is
               "own, i.e. over the last dim (dim=-1, keepdim=True), never across positions or the batch")
 
 
-def _generator(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _compare(got: Tensor, want: Tensor, mistakes: list[tuple[Callable[[], Tensor], str]], what: str,
-             atol: float = 1e-5) -> None:
-    """Pass if ``got`` ≈ ``want``; otherwise name the first known mistake ``got`` reproduces."""
-    expect_tensor(got, want, what)
-    got = got.detach().float().cpu()
-    if close(got, want, atol=atol, rtol=atol):
-        return
-    if torch.isnan(got).any():
-        raise Failed(f"{what} contains NaN")
-    for make_wrong, message in mistakes:
-        try:
-            wrong = make_wrong()
-        except RuntimeError:  # a mistake that does not apply to this shape
-            continue
-        if wrong.shape == got.shape and close(got, wrong, atol=atol, rtol=atol):
-            raise Failed(message)
-    raise Failed(f"{what} differs from the expected values by up to {max_error(got, want):.3g}")
-
-
 def _last_dim_cases() -> list[tuple[str, Tensor, float]]:
-    g = _generator(0)
+    g = seeded(0)
     shifted = 3 * torch.randn(2, 5, 8, generator=g) + 2                 # mean and scale far from 0/1
     flat = torch.randn(4, 16, generator=g) * 2 - 1
     near_constant = 1 + 1e-3 * torch.randn(3, 6, generator=g)           # eps matters here
@@ -85,7 +62,7 @@ def check_layer_norm(fn: Callable[[Tensor, Tensor, Tensor, float], Tensor]) -> b
     def case(x: Tensor, eps: float) -> Callable[[], None]:
         def check() -> None:
             d = x.shape[-1]
-            g = _generator(d)
+            g = seeded(d)
             w, b = 1 + 0.5 * torch.randn(d, generator=g), torch.randn(d, generator=g)
             want = F.layer_norm(x, (d,), w, b, eps)
             got = attempt(fn, x.clone(), w.clone(), b.clone(), eps)
@@ -105,7 +82,7 @@ def check_layer_norm(fn: Callable[[Tensor, Tensor, Tensor, float], Tensor]) -> b
                 (lambda: _layer_norm(x, w, b, eps, dim=tuple(range(x.dim()))), WRONG_AXIS),
                 (lambda: _layer_norm(x, w, b, eps, dim=tuple(range(1, x.dim()))), WRONG_AXIS),
             ]
-            _compare(got, want, mistakes, "the normalised output")
+            compare_with_mistakes(got, want, mistakes, "the normalised output")
         return check
 
     return run_checks("LayerNorm", [(name, case(x, eps)) for name, x, eps in _last_dim_cases()])
@@ -123,7 +100,7 @@ def check_rms_norm(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
     def case(x: Tensor, eps: float) -> Callable[[], None]:
         def check() -> None:
             d = x.shape[-1]
-            w = 1 + 0.5 * torch.randn(d, generator=_generator(d))
+            w = 1 + 0.5 * torch.randn(d, generator=seeded(d))
             want = _rms_norm(x, w, eps)
             got = attempt(fn, x.clone(), w.clone(), eps)
             mistakes = [
@@ -145,7 +122,7 @@ def check_rms_norm(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
                 *[(lambda dim=dim: _rms_norm(x, w, eps, dim=dim), WRONG_AXIS) for dim in range(x.dim() - 1)],
                 (lambda: _rms_norm(x, w, eps, dim=tuple(range(x.dim()))), WRONG_AXIS),
             ]
-            _compare(got, want, mistakes, "the normalised output")
+            compare_with_mistakes(got, want, mistakes, "the normalised output")
         return check
 
     return run_checks("RMSNorm", [(name, case(x, eps)) for name, x, eps in _last_dim_cases()])
@@ -162,7 +139,7 @@ def check_swiglu(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) -> bool
 
     def case(shape: tuple[int, ...], d_ff: int) -> Callable[[], None]:
         def check() -> None:
-            g = _generator(sum(shape))
+            g = seeded(sum(shape))
             d = shape[-1]
             x = torch.randn(*shape, generator=g)
             w_gate = torch.randn(d, d_ff, generator=g) / d**0.5
@@ -190,7 +167,7 @@ def check_swiglu(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) -> bool
                  "SiLU is applied after the product: SiLU(x w_gate) ⊙ (x w_up), not "
                  "SiLU(x w_gate ⊙ x w_up)"),
             ]
-            _compare(got, want, mistakes, "the SwiGLU output", atol=1e-4)
+            compare_with_mistakes(got, want, mistakes, "the SwiGLU output", atol=1e-4)
         return check
 
     return run_checks("SwiGLU", [
@@ -213,7 +190,7 @@ def _layer_cases(norm_first: bool) -> list[tuple[str, EncoderLayer, Tensor, Tens
                 norm.weight.normal_(1.0, 0.3)
                 norm.bias.normal_(0.0, 0.3)
         layer.eval()
-        x = torch.randn(3, 6, 16, generator=_generator(seed))
+        x = torch.randn(3, 6, 16, generator=seeded(seed))
         mask = None if lengths is None else padding_mask(torch.tensor(lengths), 6)[:, None, None, :]
         cases.append((name, layer, x, mask))
     return cases
@@ -283,7 +260,7 @@ def _check_layer(fn: Callable[..., Tensor], norm_first: bool, title: str) -> boo
             with torch.no_grad():
                 want = (_pre_ln if norm_first else _post_ln)(layer, x, mask)
                 got = attempt(fn, layer, x.clone(), mask)
-                _compare(got, want, _layer_mistakes(layer, x, mask, norm_first), "the layer's output",
+                compare_with_mistakes(got, want, _layer_mistakes(layer, x, mask, norm_first), "the layer's output",
                          atol=1e-4)
         return check
 

@@ -22,14 +22,10 @@ from ..attention import causal_mask
 from ..data.translation import shift_targets
 from ..decoding import greedy_search
 from ..models.transformer import sequence_loss, target_mask
-from ._checking import Failed, attempt, close, expect_tensor, run_checks
+from ._checking import Failed, attempt, close, expect_tensor, run_checks, seeded
 
 __all__ = ["check_target_mask", "check_shift_targets", "check_label_smoothed_loss",
            "check_greedy_search"]
-
-
-def _generator(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # --------------------------------------------------------------------------- target mask
@@ -130,7 +126,7 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
 
     def case(seed: int, eps: float, pad_id: int) -> Callable[[], None]:
         def check() -> None:
-            g = _generator(seed)
+            g = seeded(seed)
             B, T, V = 3, 5, 7
             logits = torch.randn(B, T, V, generator=g) * 2
             target = torch.randint(0, V, (B, T), generator=g)
