@@ -174,7 +174,7 @@ def device_header(info: dict) -> str:
 
 
 def markdown(info: dict, rows: list[dict]) -> str:
-    lines = [f"# tools/gpu_check.py", "", device_header(info), "",
+    lines = ["# tools/gpu_check.py", "", device_header(info), "",
              "| step | seconds | result | first error |", "|---|---:|---|---|"]
     for row in rows:
         result = row["result"]
