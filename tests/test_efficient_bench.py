@@ -39,6 +39,24 @@ def test_measured_timing_spends_the_budget_in_steps_and_is_reproducible():
         assert torch.equal(a, b)
 
 
+def test_training_flushes_subnormals_on_a_cpu_and_switches_it_back_off(monkeypatch):
+    import tfm_course.efficient_bench as efficient_bench
+    from tfm_course.efficient_bench import flush_denormals
+    tiny = torch.tensor([1e-40])  # subnormal in float32
+    assert (tiny * 1.0).item() != 0.0
+    with flush_denormals("cpu"):
+        assert (tiny * 1.0).item() == 0.0  # flushed inside the block
+    assert (tiny * 1.0).item() != 0.0  # and off again afterwards (PyTorch's default)
+    with flush_denormals("meta"):  # not a CPU: nothing changes
+        assert (tiny * 1.0).item() != 0.0
+    # train_for trains and scores inside the block: record the setting while it scores
+    seen, score = [], efficient_bench.recall_accuracy
+    monkeypatch.setattr(efficient_bench, "recall_accuracy",
+                        lambda model, batch: seen.append((tiny * 1.0).item()) or score(model, batch))
+    assert train_for("linformer", 1.0, seed=0, k=8, steps=2, **SMALL).steps == 2  # SMALL: on the CPU
+    assert seen == [0.0] and (tiny * 1.0).item() != 0.0
+
+
 def test_wall_timing_stops_at_the_time_limit():
     result = train_for("softmax", seconds=0.3, timing="wall", **SMALL)
     assert result.steps >= 1 and 0.3 <= result.seconds < 0.3 + 5.0
