@@ -125,6 +125,7 @@ def test_bench_recall_script_writes_table_json_and_figure(tmp_path, capsys):
     assert "command: python tools/bench_recall.py --settings 12:2,15:3" in printed and "machine: cpu" in printed
     report = json.loads((tmp_path / "bench_recall.json").read_text())
     assert len(report["records"]) == 2 * 2 * 2 and report["machine"].startswith("cpu")
+    assert "1 thread per run" in report["machine"]  # the threads the runs used, not the notebook's
     summary = report["summary"]
     assert [(r["mixer"], r["seq_len"], r["seeds"]) for r in summary] == [
         ("attention", 12, 2), ("hybrid", 12, 2), ("attention", 15, 2), ("hybrid", 15, 2)]

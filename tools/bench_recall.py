@@ -91,10 +91,12 @@ def run_one(job: dict) -> dict:
     return train_recall(**job).as_dict()
 
 
-def machine(device: str) -> str:
+def machine(device: str, threads: int) -> str:
+    """The device, the CPU threads each run used, the CPU, torch and Python versions."""
     cpu = platform.processor() or platform.machine()
-    return (f"{describe(device)}; {os.cpu_count()} CPU cores ({cpu}); torch {torch.__version__}; "
-            f"Python {platform.python_version()}")
+    where = describe(device).split(",")[0].split(" (")[0] if device.startswith("cpu") else describe(device)
+    return (f"{where}, {threads} thread{'s' if threads != 1 else ''} per run; {os.cpu_count()} CPU "
+            f"cores ({cpu}); torch {torch.__version__}; Python {platform.python_version()}")
 
 
 def summarise(records: list[dict]) -> list[dict]:
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     given = argv if argv is not None else sys.argv[1:]
     command = "python tools/bench_recall.py " + " ".join(shlex.quote(a) for a in given)
-    where = machine(args.device)
+    where = machine(args.device, args.threads)
     print(f"command: {command}\nmachine: {where}", flush=True)
     jobs = [dict(mixer=m, seq_len=length, n_pairs=pairs, seed=seed, vocab_size=args.vocab_size,
                  d_model=args.d_model, num_layers=args.num_layers, steps=args.steps,
