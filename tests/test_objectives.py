@@ -13,6 +13,7 @@ from tfm_course.data.span_corruption import t5_lengths
 from tfm_course.device import one_cpu_thread
 from tfm_course.models.t5 import T5
 from tfm_course.models.t5_lm import T5StackLM
+from tfm_course.data.docstring_tasks import CLASS_OR_FUNCTION_LABELS, class_or_function
 from tfm_course.objectives import (OBJECTIVES, Specials, build_model, docstring_kind_pairs, encode_pairs,
                                    exact_match, masked_per_row, matched_d_ff, mean_features,
                                    next_token_logits, non_embedding_parameters, pretraining_batch,
@@ -166,16 +167,20 @@ def test_mean_features_ignore_padding():
         mean_features(model, x, torch.ones(2, 6))
 
 
-def test_docstring_kind_pairs_are_balanced_labelled_by_name_and_split_by_module():
+def test_docstring_kind_pairs_are_chapter_7s_task_balanced_and_split_by_module():
     train, valid = docstring_kind_pairs("train"), docstring_kind_pairs("validation")
-    for pairs in (train, valid):
+    for split, pairs in (("train", train), ("validation", valid)):
         labels = [y for _, y in pairs]
         assert set(labels) == {"class", "function"} and labels.count("class") == labels.count("function")
         assert all(len(x.split()) <= 24 for x, _ in pairs)
+        texts, ids = class_or_function(split)  # the same examples, labels from the syntax tree
+        assert [(" ".join(t.split()[:24]), CLASS_OR_FUNCTION_LABELS[i]) for t, i in zip(texts, ids)] == pairs
     assert len(train) > 1000 and len(valid) > 150
+    assert len({x for x, _ in train} & {x for x, _ in valid}) < 20  # held-out modules (a few texts recur)
     assert docstring_kind_pairs("train", seed=1) != train  # another draw of the functions
     unbalanced = docstring_kind_pairs("train", balanced=False)
     assert sum(y == "function" for _, y in unbalanced) > 2 * sum(y == "class" for _, y in unbalanced)
+    assert docstring_kind_pairs("train", max_words=5)[0][0] == " ".join(train[0][0].split()[:5])
 
 
 def test_encode_pairs_and_text_to_text_loss_ignore_padding():

@@ -17,13 +17,12 @@ and the attention pattern differ:
 
 The single stacks get the encoder-decoder's number of non-embedding parameters by a wider
 feed-forward block (:func:`matched_d_ff`). Text-to-text helpers turn (input, target) strings into
-padded id tensors, train on them and score exact matches; :func:`docstring_kind_pairs` is the
-corpus-derived classification task (class or function docstring?).
+padded id tensors, train on them and score exact matches; :func:`docstring_kind_pairs` is chapter 7's
+corpus-derived classification task (class or function docstring?) as text pairs.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .bench import count_flops
-from .data import corpus
+from .data.docstring_tasks import CLASS_OR_FUNCTION_LABELS, class_or_function
 from .data.mlm import IGNORE, mask_tokens
 from .data.span_corruption import span_corrupt_batch
 from .models.t5 import T5, T5Config, shift_right
@@ -245,29 +244,17 @@ def mean_features(model: nn.Module, ids: Tensor, attention_mask: Tensor) -> Tens
 # --------------------------------------------------------------------------- text to text
 def docstring_kind_pairs(split: str, max_words: int = 24, balanced: bool = True,
                          seed: int = 0) -> list[tuple[str, str]]:
-    """The corpus task "is this the docstring of a class or of a function?" as (text, label) pairs.
+    """Chapter 7's corpus task, "is this the docstring of a class or of a function?", as
+    ``(text, label)`` string pairs for text-to-text training.
 
-    Labels come from the name (``JSONDecoder`` → ``"class"``, ``JSONDecoder.decode`` →
-    ``"function"``, by the capital of its last part); module docstrings are left out. The split
-    is the corpus's, by module. ``balanced`` keeps as many functions as there are classes (drawn
-    with ``seed``), so always answering one label scores 0.5. Texts are cut to ``max_words``.
+    The examples and labels are :func:`tfm_course.data.docstring_tasks.class_or_function`'s:
+    labels read from the syntax tree (``class`` or ``def``), the split the corpus's, by module;
+    ``balanced`` keeps as many functions as there are classes (drawn with ``seed``), so always
+    answering one label scores 0.5. Texts are cut to their first ``max_words`` words.
     """
-    pairs = []
-    for doc in corpus.documents(split):
-        if not doc.name:
-            continue
-        last = doc.name.split(".")[-1].lstrip("_")
-        if not last:
-            continue
-        text = " ".join(doc.text.split()[:max_words])
-        pairs.append((text, "class" if last[0].isupper() else "function"))
-    rng = random.Random(seed)
-    if balanced:
-        classes = [p for p in pairs if p[1] == "class"]
-        functions = [p for p in pairs if p[1] == "function"]
-        pairs = classes + rng.sample(functions, min(len(classes), len(functions)))
-    rng.shuffle(pairs)
-    return pairs
+    texts, labels = class_or_function(split, balance=balanced, seed=seed)
+    return [(" ".join(text.split()[:max_words]), CLASS_OR_FUNCTION_LABELS[label])
+            for text, label in zip(texts, labels)]
 
 
 def encode_pairs(tokenizer, pairs: Sequence[tuple[str, str]], specials: Specials,
