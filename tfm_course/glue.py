@@ -31,9 +31,23 @@ def shown(value: Any) -> str:
     return str(value)
 
 
+def plain(value: Any) -> Any:
+    """A NumPy scalar or a one-element tensor as the Python int/float/bool it holds; else ``value``.
+
+    myst-nb formats ``{glue:text}`name:.2f``` from the value's ``repr``, and NumPy 2 writes
+    ``np.float64(0.5)``, which it cannot read back as a number (a warning, an error under ``-W``).
+    """
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
 def glue(name: str, value: Any, display: bool = False) -> None:
     """Store ``value`` under ``name`` for the book's ``{glue:text}`` roles (myst-nb), or, where the
-    book's tools are absent, print ``name = value`` (``display=True`` shows the value instead)."""
+    book's tools are absent, print ``name = value`` (``display=True`` shows the value instead).
+
+    NumPy scalars and zero-dimensional tensors are stored as plain Python numbers (:func:`plain`)."""
+    value = plain(value)
     if _myst_glue is not None:
         _myst_glue(name, value, display=display)
     elif display:
