@@ -194,6 +194,8 @@ FEATURES_WRONG = {
     "no 1/sqrt(m)": (_phi(divide=lambda m: 1.0), "divide by √m"),
     "1/m": (_phi(divide=float), "divided by m"),
     "norm of the whole tensor": (_phi(per_row=False), "squared norm of each row"),
+    "stabilised by a row maximum": (
+        lambda x, o: positive_random_features(x, o, is_query=True), "maximum was subtracted"),
     "trigonometric": (trigonometric, "trigonometric features"),
     "cosine only": (lambda x, o: trigonometric(x, o)[..., o.shape[0]:] * 0 + torch.cos(x @ o.T),
                     "negative"),

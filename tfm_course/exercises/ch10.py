@@ -255,6 +255,12 @@ def _features(x: Tensor, omega: Tensor, x_scale: float | None = None, sq_sign: f
         math.sqrt(m) if m_norm is None else m_norm)
 
 
+def _stabilised(features: Tensor) -> Tensor:
+    """The features with each row's largest exponent subtracted (the package's query stabiliser)."""
+    exponent = features.log()
+    return torch.exp(exponent - exponent.amax(dim=-1, keepdim=True)) / math.sqrt(features.shape[-1])
+
+
 def check_positive_features(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     """``fn(x, omega)``: φ(x) = exp(ω·x' − ‖x'‖²/2) / √m with x' = x · d^(−1/4).
 
@@ -292,6 +298,9 @@ def check_positive_features(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
                  f"feature vector by √m (the dot product of two of them then carries 1/m)"),
                 (lambda: _features(x, omega, per_row=False), "‖x'‖² is the squared norm of each "
                  "row: sum over the last dim (one position's vector), not over the whole tensor"),
+                (lambda: _stabilised(want), "a maximum was subtracted in the exponent (as a model "
+                 "does for stability): it cancels in attention, but here return the textbook "
+                 "φ(x) = exp(ω·x' − ‖x'‖²/2)/√m, whose dot products estimate exp(q·k/√d) itself"),
             ]
             _compare(got, want, mistakes, "the features", atol=1e-6)
         return check
