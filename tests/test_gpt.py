@@ -163,6 +163,11 @@ def test_from_hf_refuses_what_it_cannot_copy():
     hf = _hf_model(0, **HF_CONFIGS[1], activation_function="relu")
     with pytest.raises(ValueError, match="activation_function 'relu'"):
         GPT.from_hf(hf)
+    hf = _hf_model(0, **HF_CONFIGS[1], attn_pdrop=0.0)  # resid_pdrop and embd_pdrop stay 0.1
+    with pytest.raises(ValueError, match="embd_pdrop/attn_pdrop/resid_pdrop"):
+        GPT.from_hf(hf)
+    hf = _hf_model(0, **HF_CONFIGS[1], embd_pdrop=0.2, attn_pdrop=0.2, resid_pdrop=0.2)
+    assert GPT.from_hf(hf).config.dropout == 0.2
 
 
 @pytest.mark.hf

@@ -9,7 +9,6 @@ the module layout of nanoGPT's ``model.py``: a LayerNorm module calling ``F.laye
 Q/K/V projection (``c_attn``), the fused causal kernel, an MLP module with ``nn.GELU`` (the exact
 GELU), dropout modules (p = 0 here, as in nanoGPT's CPU recipe, but called as nanoGPT calls them), the
 output layer tied to the token embedding. Both models run the same
-Both models run the same
 function (the script copies our weights into the reference and checks the logits agree), in one
 process, one after the other: each repeat times ``--steps`` forward+backward passes of each model,
 alternating which goes first, on the same batches. Tokens per second count batch × block per pass.

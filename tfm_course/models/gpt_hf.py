@@ -35,7 +35,9 @@ def config_from_hf(c: Any) -> dict[str, Any]:
                    "layer_norm_epsilon": c.layer_norm_epsilon != 1e-5,
                    "scale_attn_weights": not c.scale_attn_weights,
                    "scale_attn_by_inverse_layer_idx": c.scale_attn_by_inverse_layer_idx,
-                   "add_cross_attention": c.add_cross_attention}
+                   "add_cross_attention": c.add_cross_attention,
+                   # one dropout rate here (embeddings, attention weights, residual branches)
+                   "embd_pdrop/attn_pdrop/resid_pdrop": len({c.embd_pdrop, c.attn_pdrop, c.resid_pdrop}) > 1}
     if any(unsupported.values()):
         raise ValueError(f"GPT2Config settings without a counterpart here: "
                          f"{[k for k, bad in unsupported.items() if bad]}")
