@@ -1,3 +1,5 @@
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -48,3 +50,22 @@ def test_explore_falls_back_to_a_static_grid_outside_a_live_kernel():
     assert len(fig.axes) == 3
     assert calls == [(1, 0), (3, 0), (5, 0)]
     plt.close("all")
+
+
+@pytest.mark.hf
+def test_hugging_face_loading_bars_are_off_where_nobody_watches(tmp_path):
+    """Saved as notebook widgets, they would make a built page load scripts from a CDN."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    code = ("import tfm_course, transformers\n"
+            "print(transformers.utils.logging.is_progress_bar_enabled())")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    quiet = subprocess.run([sys.executable, "-c", code], env={**env, "CI": "true"},
+                           capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert quiet.stdout.strip() == "False"
+    watched = {k: v for k, v in env.items() if k != "CI"}
+    shown = subprocess.run([sys.executable, "-c", code], env={**watched, "COLAB_RELEASE_TAG": "x"},
+                           capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert shown.stdout.strip() == "True"

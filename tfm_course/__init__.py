@@ -3,4 +3,14 @@
 One module per idea; open any of them and read it top to bottom.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# Nobody watches a book build or a test run (their kernels see none of these front ends). There,
+# Hugging Face's loading bars (tqdm.auto) would be saved as notebook widgets, and the built page
+# would then load require.js and the widget manager from a CDN: switch those bars off, as
+# tfm_course.train does with its own. A reader's Jupyter or Colab keeps them.
+_FRONT_ENDS = ("JPY_SESSION_NAME", "COLAB_RELEASE_TAG", "VSCODE_PID")
+if _os.environ.get("CI") or not any(name in _os.environ for name in _FRONT_ENDS):
+    _os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

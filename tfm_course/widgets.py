@@ -13,6 +13,8 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from . import _FRONT_ENDS
+
 PlotFn = Callable[..., None]  # plot_fn(ax=..., **params) draws one panel
 
 
@@ -29,8 +31,7 @@ def interactive_available() -> bool:
     if shell is None or not hasattr(shell, "kernel"):
         return False
     # jupyter-book / nbval execute through nbclient, which leaves no front end to talk to.
-    front_ends = ("JPY_SESSION_NAME", "COLAB_RELEASE_TAG", "VSCODE_PID")  # Jupyter, Colab, VS Code
-    return any(name in os.environ for name in front_ends)
+    return any(name in os.environ for name in _FRONT_ENDS)  # Jupyter, Colab, VS Code
 
 
 def static_grid(plot_fn: PlotFn, name: str, values: Sequence[Any], fixed: dict[str, Any] | None = None,
