@@ -140,10 +140,23 @@ def step_by_hand(attn, x, cache):
     return attn.out_proj(merge_heads(weights @ v)), (k, v)
 
 
-@pytest.mark.parametrize("fn", [attend_with_cache, step_by_hand], ids=["package", "by hand"])
+def step_with_sdpa(attn, x, cache):
+    q, k, v = (split_heads(p(x), attn.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    if cache is not None:
+        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+    return attn.out_proj(merge_heads(F.scaled_dot_product_attention(q, k, v))), (k, v)
+
+
+@pytest.mark.parametrize("fn", [step_with_sdpa, step_by_hand], ids=["sdpa", "by hand"])
 def test_kv_cache_checker_accepts_correct_answers(fn, capsys):
     ok, out = verdict(ch08.check_kv_cache_step, fn, capsys)
     assert ok and "✅" in out
+
+
+@pytest.mark.parametrize("fn", [attend_with_cache, lambda attn, x, cache: attend_with_cache(attn, x, cache)],
+                         ids=["the package function", "a wrapper around it"])
+def test_kv_cache_checker_refuses_the_package_step(fn, capsys):
+    rejects(ch08.check_kv_cache_step, fn, "calls the package's attend_with_cache", capsys)
 
 
 def test_the_package_step_equals_full_causal_attention():

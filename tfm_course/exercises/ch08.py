@@ -200,8 +200,22 @@ def _step_variant(attn: MultiHeadAttention, x: Tensor, cache, *, append: bool = 
     return (attn.out_proj(out) if out_proj else out), (keys, values)
 
 
+PACKAGE_STEPS = ("attend_with_cache", "step")  # the package's own cached steps
+
+
+def _uses_package_step(fn: Callable[..., Any]) -> bool:
+    """True if ``fn`` is the package's ``attend_with_cache`` or names it (or a ``.step`` method)."""
+    if fn is attend_with_cache:
+        return True
+    code = getattr(fn, "__code__", None)
+    return code is not None and any(name in code.co_names for name in PACKAGE_STEPS)
+
+
 def check_kv_cache_step(fn: Callable[..., tuple[Tensor, tuple[Tensor, Tensor]]]) -> bool:
     """``fn(attn, x, cache)``: one decoding step of causal self-attention with a KV cache.
+
+    Write the step from ``attn``'s projections: an answer that calls the package's own
+    ``attend_with_cache`` (or a ``.step`` method) is refused.
 
     ``attn`` is a :class:`~tfm_course.attention.MultiHeadAttention`, ``x`` ``(B, 1, d_model)``
     the newest token, ``cache`` ``None`` or ``(keys, values)`` of the earlier positions, each
@@ -253,7 +267,14 @@ def check_kv_cache_step(fn: Callable[..., tuple[Tensor, tuple[Tensor, Tensor]]])
                     cache = new_cache
         return check
 
+    def written_by_hand() -> None:
+        if _uses_package_step(fn):
+            raise Failed("your function calls the package's attend_with_cache (or a .step method), "
+                         "which is the answer itself: project x with attn.q_proj, k_proj and v_proj, "
+                         "append to the cache, attend, and apply attn.out_proj yourself")
+
     return run_checks("KV-cache step", [
+        ("written by hand", written_by_hand),
         ("3 sequences, 4 heads, 3 cached positions, 3 steps", case(1, 3, 16, 4, 3, prefilled=3)),
         ("1 sequence, 2 heads, an empty cache, 4 steps", case(0, 1, 8, 2, 4)),
     ])
