@@ -336,3 +336,22 @@ def test_on_cuda_a_training_step_under_autocast_is_finite():
     assert logits.dtype == dtype
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- stored seed sweep
+def test_stored_tokenizer_seed_sweep_is_complete():
+    """tools/sweep_gpt_seeds.py's stored runs (chapter 8 loads them): both tokenizers, the same
+    seeds, one record per run, plausible bits per byte."""
+    from tfm_course.results import available, load_result
+
+    assert "gpt_tokenizer_seeds_cpu" in available()
+    report = load_result("gpt_tokenizer_seeds_cpu")
+    assert report["command"].startswith("python tools/sweep_gpt_seeds.py")
+    assert "thread" in report["machine"] and "torch" in report["machine"]
+    seeds = {name: sorted(r["seed"] for r in report["records"] if r["tokenizer"] == name)
+             for name in ("characters", "BPE")}
+    assert seeds["characters"] == seeds["BPE"] and len(seeds["BPE"]) >= 3
+    assert len({(r["tokenizer"], r["seed"]) for r in report["records"]}) == len(report["records"])
+    for r in report["records"]:
+        assert 0.5 < r["bits_per_byte"] < report["unigram_bits_per_byte"][r["tokenizer"]] + 1
+        assert r["steps"] >= 1 and r["cpu_seconds"] > 0

@@ -1,0 +1,82 @@
+"""Chapter 8's characters-vs-BPE comparison at the chapter's own compute, for several seeds.
+
+    python tools/sweep_gpt_seeds.py --seeds 0 1 2 3 4 --out tfm_course/results/gpt_tokenizer_seeds_cpu.json
+
+The chapter can afford one full run per tokenizer on the CPU. This script runs the chapter's own
+code (``chapters/08-gpt.md``, read with jupytext) up to the cell that defines ``train_one`` and
+the equal-compute step counts, then trains every seed of both tokenizers for the whole run, on
+one CPU thread, and writes validation bits per byte and CPU seconds per run as JSON (stored in
+:mod:`tfm_course.results`, which the chapter loads). Seed 0 is the chapter's own run. Not run by
+the tests; a few minutes of CPU time per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTER = ROOT / "chapters" / "08-gpt.md"
+LAST_CELL = "head_share = {"  # the cell that ends with the step counts and the head share
+
+
+def chapter_namespace() -> dict:
+    """Execute the chapter's code cells up to and including its training definitions."""
+    import jupytext
+
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    namespace: dict = {"__name__": "__main__"}
+    cells = [c.source for c in jupytext.read(CHAPTER).cells if c.cell_type == "code"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        for source in cells:
+            exec(compile(source, str(CHAPTER), "exec"), namespace)
+            if LAST_CELL in source:
+                return namespace
+    raise RuntimeError(f"no cell containing {LAST_CELL!r} in {CHAPTER}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    ns = chapter_namespace()
+    if ns["device"].type != "cpu":
+        raise SystemExit("run this on the CPU (the stored result is the CPU experiment)")
+    import torch
+
+    records = []
+    with ns["one_cpu_thread"](ns["device"]), contextlib.redirect_stderr(io.StringIO()):
+        for name in ns["tokenizers"]:
+            for seed in args.seeds:
+                cpu = time.process_time()
+                with contextlib.redirect_stdout(io.StringIO()):
+                    _, history, _ = ns["train_one"](name, seed, ns["steps"][name])
+                records.append({"tokenizer": name, "seed": seed, "steps": ns["steps"][name],
+                                "bits_per_byte": history.last("validation bits per byte"),
+                                "cpu_seconds": time.process_time() - cpu})
+                print(records[-1], flush=True)
+    report = {
+        "command": "python tools/sweep_gpt_seeds.py " + " ".join(sys.argv[1:]),
+        "machine": f"cpu, 1 thread; {os.cpu_count()} CPU cores ({platform.machine()}); "
+                   f"torch {torch.__version__}; Python {platform.python_version()}",
+        "run": {k: v for k, v in ns["RUN"].items() if k not in ("seeds", "spread_seeds")},
+        "eval_chars": len(ns["eval_text"]),
+        "unigram_bits_per_byte": ns["unigram"],
+        "records": records,
+        "wall_s": time.perf_counter() - start,
+    }
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
