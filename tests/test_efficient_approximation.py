@@ -96,6 +96,7 @@ def test_segment_mean_projection_averages_consecutive_segments():
     (lambda: random_qkv(4, 4, 0.0), "logit_std"),
     (lambda: segment_mean_projection(9, 8), r"k_proj must be in \[1, n=8\]"),
     (lambda: linformer_error(4, projection="svd"), "segment-mean"),
+    (lambda: linformer_error(4, measure="weights"), "'output' or 'matrix'"),
     (lambda: low_rank_error(torch.ones(3), 1), r"\(\.\.\., n, n\)"),
     (lambda: low_rank_error(torch.ones(3, 3), -1), "non-negative"),
     (lambda: fixed_subspace_error(torch.ones(3, 3), 1), r"\(\.\.\., batch, n_q, n_k\)"),
@@ -122,3 +123,16 @@ def test_both_kernel_estimates_are_unbiased_but_only_positive_ones_stay_positive
     assert bool((pos > 0).all())
     assert float((trig[:, 0] < 0).float().mean()) > 0.2  # near-zero kernel: often negative
     assert float(trig[:, 0].std()) > 3 * float(pos[:, 0].std())  # and far noisier
+
+
+def test_linformer_matrix_error_is_zero_at_k_equal_n_and_never_below_the_eckart_young_floor():
+    assert float(linformer_error(64, 1.0, n=64, d=16, measure="matrix").max()) < 1e-5  # E = F = I
+    q, k, _ = random_qkv(64, 16, 1.0)  # the draws linformer_error uses (same seed)
+    floor = low_rank_error(torch.softmax(q @ k.transpose(-2, -1) / 4, -1), [4, 8, 16, 32])
+    for i, kk in enumerate([4, 8, 16, 32]):
+        for projection in ("segment-mean", "gaussian"):
+            got = linformer_error(kk, 1.0, projection, n=64, d=16, measure="matrix")
+            assert bool((got >= floor[:, i] - 1e-6).all()), (kk, projection)  # rank <= k
+    # the matrix and output measures differ (the output also mixes the values)
+    assert not torch.allclose(linformer_error(8, 1.0, n=64, d=16, measure="matrix"),
+                              linformer_error(8, 1.0, n=64, d=16))

@@ -6,8 +6,9 @@ and returns the relative error of one approximation per draw:
 
 * :func:`performer_error` — FAVOR+ positive random features vs the exact attention matrix, as a
   function of the number of features m, i.i.d. or orthogonal, and the logit scale;
-* :func:`linformer_error` — the Linformer output with a fixed projection E = F (segment means, or
-  the random Gaussian projection of the paper's analysis) vs the exact output, as a function of k;
+* :func:`linformer_error` — the Linformer output (or attention matrix) with a fixed projection
+  E = F (segment means, or the random Gaussian projection of the paper's analysis) vs the exact
+  one, as a function of k;
 * :func:`low_rank_error` — the best any rank-k matrix can do (Eckart–Young, from the singular
   values): Linformer's premise, for random or *trained* attention weights;
 * :func:`fixed_subspace_error` — the best rank-k approximation whose rows lie in *one* k-dim
@@ -104,15 +105,21 @@ def segment_mean_projection(k_proj: int, n: int, dtype: torch.dtype = torch.floa
 def linformer_error(k_proj: int, logit_std: float = 0.25, projection: str = "segment-mean",
                     n: int = 256, d: int = 64, draws: int = 4, seed: int = 0,
                     dtype: torch.dtype = torch.float32,
-                    device: torch.device | str | None = None) -> Tensor:
-    """Relative error of Linformer's output ``softmax(Q (E K)ᵀ/√d) (F V)`` with E = F, per draw.
+                    device: torch.device | str | None = None, measure: str = "output") -> Tensor:
+    """Relative error of Linformer with E = F against softmax attention, per draw ``(draws,)``.
 
     ``projection``: ``"segment-mean"`` (:func:`segment_mean_projection`, exact at k = n) or
     ``"gaussian"`` (entries N(0, 1/k), the random projection of the paper's analysis: untrained,
     it does not approximate softmax attention at any k — in a model E and F are learned).
+
+    ``measure``: ``"output"`` compares ``softmax(Q (E K)ᵀ/√d) (F V)`` with the exact output;
+    ``"matrix"`` compares Linformer's attention matrix ``P̄ F`` (n × n, rank ≤ k) with the exact
+    weights, the same measure as :func:`low_rank_error`, which is therefore a floor under it.
     """
     if projection not in ("segment-mean", "gaussian"):
         raise ValueError(f"projection must be 'segment-mean' or 'gaussian', got {projection!r}")
+    if measure not in ("output", "matrix"):
+        raise ValueError(f"measure must be 'output' or 'matrix', got {measure!r}")
     q, k, v = random_qkv(n, d, logit_std, draws, seed, dtype, device)
     if projection == "segment-mean":
         E = segment_mean_projection(k_proj, n, dtype, device)
@@ -121,6 +128,9 @@ def linformer_error(k_proj: int, logit_std: float = 0.25, projection: str = "seg
             raise ValueError(f"k_proj must be positive, got {k_proj}")
         g = torch.Generator().manual_seed(seed + 1)
         E = (torch.randn(k_proj, n, generator=g, dtype=dtype) / math.sqrt(k_proj)).to(device)
+    if measure == "matrix":
+        p_bar = torch.softmax(q @ (E @ k).transpose(-2, -1) / math.sqrt(d), dim=-1)  # (draws, n, k)
+        return relative_error(p_bar @ E, _softmax_weights(q, k))
     exact = _softmax_weights(q, k) @ v
     approx = linformer_attention(q[:, None], k[:, None], v[:, None], E)[:, 0]  # one head
     return relative_error(approx, exact)
