@@ -37,7 +37,9 @@ def mask_tokens(ids: Tensor, special_mask: Tensor, vocab_size: int, mask_id: int
     """BERT's masking: returns ``(inputs, labels)``, both ``(batch, seq)`` like ``ids``.
 
     * In each row, ``max(1, round(p · n))`` of its ``n`` non-special positions are chosen at
-      random (the original BERT's count; a row with no non-special position gets none). Special
+      random (a row with no non-special position gets none). BERT's data code also fixes the
+      count per row, but takes ``n`` as the full length, ``[CLS]`` and ``[SEP]`` included, and caps
+      it at ``max_predictions_per_seq``; Hugging Face's collator draws each token independently. Special
       positions (``special_mask`` True: ``[CLS]``, ``[SEP]``, padding) are never chosen.
     * Each chosen position independently becomes ``mask_id`` with probability 0.8, a random
       *non-special* token with probability 0.1, and stays unchanged with probability 0.1.
