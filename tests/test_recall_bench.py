@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,17 @@ def test_generation_profile_of_chapter_8s_gpt_with_its_kv_cache():
     for r in rows:
         assert r["state_bytes"] == r["context"] * gpt.kv_cache_bytes_per_token() and r["s_per_token"] > 0
     assert gpt.training  # left as it was
+
+
+def test_generation_profile_reads_the_given_timer():
+    """Each timed step reads the clock twice: a counter that ticks once per read gives 1 s/step,
+    and a process-CPU timer (for a shared CPU) gives positive, finite step times."""
+    ticks = iter(range(10_000))
+    model = MixerLM(20, "retnet", d_model=16, num_layers=1)
+    rows = generation_profile(model, [3, 6], repeats=4, timer=lambda: float(next(ticks)))
+    assert [r["s_per_token"] for r in rows] == [1.0, 1.0]
+    cpu_rows = generation_profile(model, [3], repeats=2, timer=time.process_time)
+    assert 0 <= cpu_rows[0]["s_per_token"] < 1.0
 
 
 def test_scan_timings_rows():
