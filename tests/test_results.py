@@ -13,9 +13,10 @@ from tfm_course.results import available, load_result
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_stored_recall_benchmark_is_complete():
-    assert "bench_recall_cpu" in available()
-    report = load_result("bench_recall_cpu")
+@pytest.mark.parametrize("name", ["bench_recall_cpu", "bench_recall_cpu_64"])
+def test_stored_recall_benchmark_is_complete(name):
+    assert name in available()
+    report = load_result(name)
     assert report["command"].startswith("python tools/bench_recall.py")
     assert "thread" in report["machine"] and "torch" in report["machine"]
     assert report["records"] and report["summary"]
