@@ -182,3 +182,12 @@ def test_glossary_entries_sit_inside_the_glossary_block():
     fences = [i for i, line in enumerate(lines) if line.startswith("```")]
     assert len(fences) == 2 and lines[fences[0]] == "```{glossary}" and fences[1] == len(lines) - 1, (
         "book/glossary.md: one ```{glossary} block, closed on the last line; add new terms before it")
+
+
+def test_glossary_terms_are_unique():
+    """Sphinx warns about a term defined twice (an error under -W): chapters add terms independently."""
+    lines = (ROOT / "book" / "glossary.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index("```{glossary}")
+    terms = [line.strip() for line in lines[start + 1:-1] if line.strip() and not line.startswith((" ", "\t"))]
+    twice = sorted({term for term in terms if terms.count(term) > 1})
+    assert not twice, f"book/glossary.md defines these terms more than once: {twice}"
