@@ -21,34 +21,12 @@ from torch import Tensor, nn
 
 from ..layers import LayerNorm
 from ..models.bert import Bert, BertConfig
-from ._checking import Failed, attempt, close, expect_tensor, max_error, run_checks
+from ._checking import Failed, attempt, compare_with_mistakes, expect_tensor, run_checks, seeded
 
 __all__ = ["check_bert_input", "check_pair", "check_attention_mask", "check_mask_tokens",
            "check_mlm_decoder"]
 
 IGNORE = -100
-
-
-def _generator(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _compare(got: object, want: Tensor, mistakes: list[tuple[Callable[[], Tensor], str]],
-             what: str, atol: float = 1e-5) -> None:
-    """Pass if ``got`` ≈ ``want``; otherwise name the first known mistake ``got`` reproduces."""
-    got = expect_tensor(got, want, what).detach().float().cpu()
-    if close(got, want, atol=atol, rtol=atol):
-        return
-    if torch.isnan(got).any():
-        raise Failed(f"{what} contains NaN")
-    for make_wrong, message in mistakes:
-        try:
-            wrong = make_wrong()
-        except (RuntimeError, IndexError):  # a mistake that does not apply to this case
-            continue
-        if wrong.shape == got.shape and close(got, wrong, atol=atol, rtol=atol):
-            raise Failed(message)
-    raise Failed(f"{what} differs from the expected values by up to {max_error(got, want):.3g}")
 
 
 # --------------------------------------------------------------------------- the input
@@ -74,7 +52,7 @@ def check_bert_input(fn: Callable[[Bert, Tensor, Tensor], Tensor]) -> bool:
     def case(seed: int, batch: int, seq: int) -> Callable[[], None]:
         def check() -> None:
             model = _random_bert(seed)
-            g = _generator(seed)
+            g = seeded(seed)
             ids = torch.randint(0, 30, (batch, seq), generator=g)
             segments = (torch.arange(seq) >= seq // 2).long().expand(batch, seq).clone()
             tok, seg = model.token_embedding(ids), model.segment_embedding(segments)
@@ -102,7 +80,7 @@ def check_bert_input(fn: Callable[[Bert, Tensor, Tensor], Tensor]) -> bool:
                     (lambda: norm(tok * math.sqrt(12) + seg + pos), "no √d scaling in BERT: the "
                      "three embeddings are summed as they are"),
                 ]
-            _compare(got, want, mistakes, "the input representation")
+            compare_with_mistakes(got, want, mistakes, "the input representation")
         return check
 
     return run_checks("BERT input", [("batch 2, length 7", case(0, 2, 7)),
@@ -222,7 +200,7 @@ ONLY_MASKED = ("only the [MASK]ed positions have labels: the 10 % replaced by a 
 
 
 def _mask_batch(batch: int, seq: int, min_len: int, max_len: int, seed: int) -> tuple[Tensor, Tensor]:
-    g = _generator(seed)
+    g = seeded(seed)
     ids = torch.randint(4, VOCAB, (batch, seq), generator=g)
     lengths = torch.randint(min_len, max_len + 1, (batch,), generator=g)
     pos = torch.arange(seq)[None, :]
@@ -295,7 +273,7 @@ def check_mask_tokens(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
         def check() -> None:
             ids, special = _mask_batch(batch, seq, min_len, max_len, seed)
             original = ids.clone()
-            got = attempt(fn, ids, special.clone(), VOCAB, MASK, p=p, generator=_generator(seed))
+            got = attempt(fn, ids, special.clone(), VOCAB, MASK, p=p, generator=seeded(seed))
             if not isinstance(got, (tuple, list)) or len(got) != 2:
                 raise Failed("return two tensors: (inputs, labels)")
             inputs = expect_tensor(got[0], ids, "inputs").cpu()
@@ -356,7 +334,7 @@ def check_mlm_decoder(fn: Callable[..., Tensor]) -> bool:
             if isinstance(got, Tensor) and got.shape[-1] == d and d != vocab:
                 raise Failed(f"the last axis has {d} = d_model entries: score against the "
                              f"{vocab} token embeddings, h @ embedding.weight.T")
-            _compare(got, want, mistakes, "the logits", atol=1e-4)
+            compare_with_mistakes(got, want, mistakes, "the logits", atol=1e-4)
         return check
 
     return run_checks("tied MLM decoder", [("batch 2, length 5, d 8, vocab 13", case(2, 5, 8, 13, 0)),

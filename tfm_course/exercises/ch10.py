@@ -18,35 +18,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..efficient.flash import online_softmax_step
 from ..efficient.sparse import sliding_window_mask
-from ._checking import Failed, attempt, close, expect_tensor, max_error, run_checks
+from ._checking import Failed, attempt, close, compare_with_mistakes, expect_tensor, run_checks, seeded
 
 __all__ = ["check_online_softmax", "check_sliding_window_mask", "check_linformer_attention",
            "check_positive_features"]
-
-Mistakes = list[tuple[Callable[[], Tensor], str]]
-
-
-def _generator(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _compare(got: Tensor, want: Tensor, mistakes: Mistakes, what: str, atol: float = 1e-5) -> None:
-    """Pass if ``got`` ≈ ``want``; otherwise name the first known mistake ``got`` reproduces."""
-    got = got.detach().double().cpu()
-    if close(got, want, atol=atol, rtol=atol):
-        return
-    for make_wrong, message in mistakes:
-        try:
-            wrong = make_wrong()
-        except RuntimeError:  # a mistake that does not apply to this shape
-            continue
-        if wrong.shape == got.shape and close(got, wrong, atol=atol, rtol=atol):
-            raise Failed(message)
-    if not bool(torch.isfinite(got).all()):
-        raise Failed(f"{what} contains inf or NaN")
-    raise Failed(f"{what} differs from the expected values by up to {max_error(got, want):.3g}")
 
 
 # --------------------------------------------------------------------------- online softmax
@@ -119,7 +95,7 @@ def check_online_softmax(fn: Step) -> bool:
                 (lambda: _final(_per_tile_softmax), "each tile was normalised on its own and the "
                  "results averaged: keep the unnormalised sums l and acc and divide once, at the end"),
             ]
-            _compare(got, want, mistakes, "acc / l after the last tile")
+            compare_with_mistakes(got, want, mistakes, "acc / l after the last tile")
             if not close(m, scores.amax(-1, keepdim=True)):
                 last = scores[:, -sizes[-1]:].amax(-1, keepdim=True)
                 if close(m, last):
@@ -139,7 +115,7 @@ def check_online_softmax(fn: Step) -> bool:
             return acc_wrong / l_wrong
         return check
 
-    g = _generator(10)
+    g = seeded(10)
     small = torch.randn(3, 8, generator=g, dtype=torch.float64) * 2
     small[:, 4:] += torch.tensor([[3.0], [-2.0], [4.0]], dtype=torch.float64)  # max moves (or not)
     values = torch.randn(8, 5, generator=g, dtype=torch.float64)
@@ -205,7 +181,7 @@ def check_linformer_attention(fn: Callable[..., Tensor]) -> bool:
     """
     def case(b: int, h: int, n: int, d: int, d_v: int, k_proj: int, n_max: int) -> Callable[[], None]:
         def check() -> None:
-            g = _generator(n + d + k_proj)
+            g = seeded(n + d + k_proj)
             q, k = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for _ in range(2))
             v = torch.randn(b, h, n, d_v, generator=g, dtype=torch.float64)
             E, F = (torch.randn(k_proj, n_max, generator=g, dtype=torch.float64) / math.sqrt(k_proj)
@@ -235,7 +211,7 @@ def check_linformer_attention(fn: Callable[..., Tensor]) -> bool:
                 (lambda: _linformer(q, k, v, E, F, d ** -0.5, dim=-2), "softmax over the wrong "
                  "axis: normalise each query's scores over the k_proj projected keys (dim=-1)"),
             ]
-            _compare(got, want, mistakes, "the output")
+            compare_with_mistakes(got, want, mistakes, "the output")
         return check
 
     return run_checks("Linformer attention", [
@@ -270,7 +246,7 @@ def check_positive_features(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     def case(x: Tensor, m: int) -> Callable[[], None]:
         def check() -> None:
             d = x.shape[-1]
-            omega = torch.randn(m, d, generator=_generator(m + d), dtype=torch.float64)
+            omega = torch.randn(m, d, generator=seeded(m + d), dtype=torch.float64)
             want = _features(x, omega)
             got = attempt(fn, x.clone(), omega.clone())
             if isinstance(got, Tensor) and got.shape == (*x.shape[:-1], 2 * m):
@@ -302,10 +278,10 @@ def check_positive_features(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
                  "does for stability): it cancels in attention, but here return the textbook "
                  "φ(x) = exp(ω·x' − ‖x'‖²/2)/√m, whose dot products estimate exp(q·k/√d) itself"),
             ]
-            _compare(got, want, mistakes, "the features", atol=1e-6)
+            compare_with_mistakes(got, want, mistakes, "the features", atol=1e-6)
         return check
 
-    g = _generator(3)
+    g = seeded(3)
     return run_checks("positive random features", [
         ("x of shape (5, 8), m = 16", case(torch.randn(5, 8, generator=g, dtype=torch.float64), 16)),
         ("x of shape (2, 3, 6, 4), m = 10",

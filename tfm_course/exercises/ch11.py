@@ -23,36 +23,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..efficient.retnet import decay_mask, retention, retention_step
-from ._checking import Failed, attempt, close, expect_tensor, max_error, run_checks
+from ._checking import Failed, Mistakes, attempt, compare_with_mistakes, run_checks, seeded
 
 __all__ = ["check_parallel_retention", "check_retention_step", "check_cross_chunk",
            "check_discretisation", "check_selective_scan_step"]
 
-Mistakes = list[tuple[Callable[[], Tensor], str]]
 OUTER_ORDER = ("the outer product is the wrong way round: k_tᵀ v_t is (d_k, d_v), entry (i, j) = "
                "k_i v_j, so that out_t = q_t S has d_v entries")
-
-
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _compare(got: Any, want: Tensor, mistakes: Mistakes, what: str, atol: float = 1e-5) -> None:
-    """Pass if ``got`` ≈ ``want``; otherwise name the first known mistake ``got`` reproduces."""
-    expect_tensor(got, want, what)
-    got = got.detach().double().cpu()
-    if close(got, want, atol=atol, rtol=atol):
-        return
-    if torch.isnan(got).any():
-        raise Failed(f"{what} contains NaN")
-    for make_wrong, message in mistakes:
-        try:
-            wrong = make_wrong()
-        except RuntimeError:  # a mistake that does not apply to this shape
-            continue
-        if wrong.shape == got.shape and close(got, wrong, atol=atol, rtol=atol):
-            raise Failed(message)
-    raise Failed(f"{what} differs from the expected values by up to {max_error(got, want):.3g}")
 
 
 def _pair(got: Any, what: str, first: Tensor, second: Tensor,
@@ -69,7 +46,7 @@ def _pair(got: Any, what: str, first: Tensor, second: Tensor,
 
 def _retention_inputs(batch: int, heads: int, length: int, d_k: int, d_v: int, seed: int
                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    g = _generator(seed)
+    g = seeded(seed)
     q, k = torch.randn(2, batch, heads, length, d_k, generator=g, dtype=torch.float64)
     v = torch.randn(batch, heads, length, d_v, generator=g, dtype=torch.float64)
     gamma = 0.5 + 0.45 * torch.rand(heads, generator=g, dtype=torch.float64)  # clearly below 1
@@ -112,7 +89,7 @@ def check_parallel_retention(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tens
                 (lambda: torch.softmax((scores * D).masked_fill(D == 0, float("-inf")), -1) @ v,
                  "a softmax: retention uses the decayed scores Q Kᵀ ⊙ D directly, no softmax"),
             ]
-            _compare(got, want, mistakes, "the retention output")
+            compare_with_mistakes(got, want, mistakes, "the retention output")
         return check
 
     return run_checks("parallel retention", [(name, case(s)) for name, s in RETENTION_CASES])
@@ -130,7 +107,7 @@ def check_retention_step(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
             b, h, _, d_k = q.shape
             g = gamma[:, None, None]
             state = (torch.zeros(b, h, d_k, v.shape[-1], dtype=torch.float64) if zero_state
-                     else torch.randn(b, h, d_k, v.shape[-1], generator=_generator(9), dtype=torch.float64))
+                     else torch.randn(b, h, d_k, v.shape[-1], generator=seeded(9), dtype=torch.float64))
             q_t, k_t, v_t = q[:, :, 0], k[:, :, 0], v[:, :, 0]
             want_out, want_state = retention_step(q_t, k_t, v_t, gamma, state)
             got = attempt(fn, q_t.clone(), k_t.clone(), v_t.clone(), gamma.clone(), state.clone())
@@ -148,14 +125,14 @@ def check_retention_step(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
                 (lambda: g * state + (k_t * v_t).sum(-1)[..., None, None],
                  "k_t · v_t is a dot product: the state update is the *outer* product k_tᵀ v_t"),
             ]
-            _compare(new_state, want_state, state_mistakes, "the new state")
+            compare_with_mistakes(new_state, want_state, state_mistakes, "the new state")
             out_mistakes: Mistakes = [
                 (lambda: (q_t[..., None, :] @ state).squeeze(-2),
                  "the output reads the old state: first update S, then out_t = q_t S"),
                 (lambda: (q_t[..., None, :] @ (state + outer)).squeeze(-2),
                  "the output uses an undecayed state: out_t = q_t (γ S + k_tᵀ v_t)"),
             ]
-            _compare(out, want_out, out_mistakes, "out_t")
+            compare_with_mistakes(out, want_out, out_mistakes, "out_t")
         return check
 
     return run_checks("one retention step", [
@@ -175,7 +152,7 @@ def check_cross_chunk(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
     def case(sizes: tuple[int, ...]) -> Callable[[], None]:
         def check() -> None:
             q, k, v, gamma = _retention_inputs(*sizes)
-            size, d_v = q.shape[2], v.shape[-1]
+            size = q.shape[2]
             state = k.transpose(-2, -1) @ v  # any (b, h, d_k, d_v) state
             g, j = gamma[:, None, None], torch.arange(size, dtype=torch.float64)[:, None]
             plain = q @ state
@@ -194,7 +171,7 @@ def check_cross_chunk(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
                 (lambda: (q @ state.transpose(-2, -1)) * g ** (j + 1),  # raises unless d_k = d_v
                  "the state is transposed: R_{i−1} is (d_k, d_v), multiply Q_[i] R_{i−1}"),
             ]
-            _compare(got, want, mistakes, "the cross-chunk term")
+            compare_with_mistakes(got, want, mistakes, "the cross-chunk term")
         return check
 
     return run_checks("chunkwise cross-chunk term", [
@@ -206,7 +183,7 @@ def check_cross_chunk(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
 
 # --------------------------------------------------------------------------- Mamba
 def _mamba_inputs(batch: int, d_inner: int, n: int, seed: int, length: int | None = None) -> dict:
-    g = _generator(seed)
+    g = seeded(seed)
     lead = (batch,) if length is None else (batch, length)
     return dict(
         x=torch.randn(*lead, d_inner, generator=g, dtype=torch.float64),
@@ -232,14 +209,14 @@ def check_discretisation(fn: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Te
             want_a, want_b = torch.exp(dA), delta[..., None] * B[:, :, None, :]
             got = attempt(fn, delta.clone(), A.clone(), B.clone())
             a_bar, b_bar = _pair(got, "the discretisation", want_a, want_b, ("A_bar", "B_bar"))
-            _compare(a_bar, want_a, [
+            compare_with_mistakes(a_bar, want_a, [
                 (lambda: 1 + dA, "A_bar = 1 + Δ A is Euler's first-order step; Mamba uses the "
                  "zero-order hold A_bar = exp(Δ A), which stays in (0, 1) for every Δ > 0"),
                 (lambda: torch.exp(A).expand_as(want_a), "Δ is missing: A_bar = exp(Δ A)"),
                 (lambda: dA, "the exponential is missing: A_bar = exp(Δ A)"),
                 (lambda: torch.exp(-dA), "wrong sign: A is already negative, A_bar = exp(Δ A) < 1"),
             ], "A_bar")
-            _compare(b_bar, want_b, [
+            compare_with_mistakes(b_bar, want_b, [
                 (lambda: B[:, :, None, :].expand_as(want_b), "Δ is missing: B_bar = Δ B"),
                 (lambda: (torch.exp(dA) - 1) / A * B[:, :, None, :],
                  "that is the exact zero-order-hold B_bar = (exp(Δ A) − 1) / A · B; Mamba's code "
@@ -273,7 +250,7 @@ def check_selective_scan_step(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
             want_y = (want_h * C[:, None, :]).sum(-1) + D * x
             got = attempt(fn, h.clone(), x.clone(), delta.clone(), A.clone(), B.clone(), C.clone(), D.clone())
             y, new_h = _pair(got, "the step", want_y, want_h, ("y_t", "new_h"))
-            _compare(new_h, want_h, [
+            compare_with_mistakes(new_h, want_h, [
                 (lambda: torch.exp(A) * h + drive, "the decay is exp(Δ_t A), not exp(A)"),
                 (lambda: (1 + delta[..., None] * A) * h + drive,
                  "the decay 1 + Δ A is Euler's step; Mamba's decay is exp(Δ_t A)"),
@@ -283,7 +260,7 @@ def check_selective_scan_step(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
                  "B and C are swapped: B_t writes the input into the state, C_t reads it out"),
                 (lambda: h + drive, "the old state is not decayed: multiply it by exp(Δ_t A)"),
             ], "the new state")
-            _compare(y, want_y, [
+            compare_with_mistakes(y, want_y, [
                 (lambda: (want_h * C[:, None, :]).sum(-1), "the skip term D x_t is missing"),
                 (lambda: (h * C[:, None, :]).sum(-1) + D * x,
                  "y_t reads the old state: first update h, then y_t = h_t · C_t + D x_t"),
