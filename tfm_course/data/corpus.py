@@ -283,6 +283,14 @@ def documents(split: str = "train") -> list[Docstring]:
     return list(docs) if split == "all" else [d for d in docs if d.split == split]
 
 
+def fingerprint() -> str:
+    """A short sha256 of every kept docstring (module, name, text): equal fingerprints mean equal
+    corpora. It changes with the Python version, whose standard library the corpus is; stored runs
+    record it so that a chapter can tell whether it reads the corpus the run was trained on."""
+    docs = [[d.module, d.name, d.text] for d in _corpus()[0]]
+    return hashlib.sha256(json.dumps(docs, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
 def text(split: str = "train", separator: str = "\n\n") -> str:
     """The docstrings of one split joined by ``separator`` (a blank line by default)."""
     return separator.join(d.text for d in documents(split))

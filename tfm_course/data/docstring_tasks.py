@@ -60,8 +60,11 @@ def kinds() -> dict[tuple[str, str], str]:
     return found
 
 
-def class_or_function(split: str, balance: bool = True, seed: int = 0) -> tuple[list[str], list[int]]:
+def class_or_function(split: str, balance: bool = True, seed: int = 0, with_modules: bool = False
+                      ) -> tuple[list[str], list[int]] | tuple[list[str], list[int], list[str]]:
     """``(texts, labels)`` of one split (``"train"`` or ``"validation"``); label 1 = class, 0 = function.
+    With ``with_modules``, ``(texts, labels, modules)``: the module each docstring comes from (to
+    hold out whole modules, e.g. a dev split carved from the training split).
 
     With ``balance`` (the default) each split holds every class docstring and as many function
     docstrings drawn at random with ``seed``; the order is shuffled with the same seed. The result
@@ -70,15 +73,16 @@ def class_or_function(split: str, balance: bool = True, seed: int = 0) -> tuple[
     if split not in corpus.SPLITS:
         raise ValueError(f"split must be one of {corpus.SPLITS}, got {split!r}")
     kind_of = kinds()
-    by_label: dict[int, list[str]] = {0: [], 1: []}
+    by_label: dict[int, list[tuple[str, str]]] = {0: [], 1: []}
     for doc in corpus.documents(split):
         kind = kind_of.get((doc.module, doc.name)) if doc.name else None
         if kind is not None:
-            by_label[CLASS_OR_FUNCTION_LABELS.index(kind)].append(doc.text)
+            by_label[CLASS_OR_FUNCTION_LABELS.index(kind)].append((doc.text, doc.module))
     rng = random.Random(seed)
     if balance:
         n = min(len(texts) for texts in by_label.values())
         by_label = {label: rng.sample(texts, n) for label, texts in by_label.items()}
-    examples = [(text, label) for label, texts in by_label.items() for text in texts]
+    examples = [(text, label, module) for label, found in by_label.items() for text, module in found]
     rng.shuffle(examples)
-    return [text for text, _ in examples], [label for _, label in examples]
+    texts, labels = [text for text, _, _ in examples], [label for _, label, _ in examples]
+    return (texts, labels, [module for *_, module in examples]) if with_modules else (texts, labels)
