@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 
 import pytest
 
 from checker_helpers import rejects, verdict
 from tfm_course.exercises import ch06
 from tfm_course.tokenizers import BPETokenizer, bytes_to_unicode
+from tfm_course.tokenizers.bpe_train import merge_pair
 from tfm_course.tokenizers.pretokenize import special_pattern, split_on_specials
 
 
@@ -71,6 +72,77 @@ MERGE_WRONG = {
 def test_merge_step_checker_rejects_typical_mistakes(name, capsys):
     fn, message = MERGE_WRONG[name]
     rejects(ch06.check_merge_step, fn, message, capsys)
+
+
+# --------------------------------------------------------------------------- the fast trainer's update step
+def package_update(word, count, pair, new, pair_counts):
+    """The package's own update step (bpe_train.merge_pair) on a corpus of this one piece."""
+    words, where = [list(word)], defaultdict(set, {pair: {0}})
+    merge_pair(words, [count], where, pair_counts, *pair, new)
+    return words[0]
+
+
+def update(word, count, pair, new, pair_counts, subtract=True, add=True, weight=True, overlapping=False):
+    new_word = ch06._merge_ids(word, pair, new, overlapping=overlapping)
+    n = count if weight else 1
+    if new_word != word:
+        if subtract:
+            for p in zip(word, word[1:]):
+                pair_counts[p] -= n
+        if add:
+            for p in zip(new_word, new_word[1:]):
+                pair_counts[p] += n
+    return new_word
+
+
+def neighbours_update(word, count, pair, new, pair_counts):
+    """Per merge: the pair and its two neighbours go, two new neighbours come, read from the OLD word:
+    with overlapping merges ('aaaa', 'abab') a neighbour is subtracted twice and a wrong pair added."""
+    out, i = [], 0
+    while i < len(word):
+        if i < len(word) - 1 and (word[i], word[i + 1]) == pair:
+            pair_counts[pair] -= count
+            if i > 0:
+                pair_counts[(word[i - 1], pair[0])] -= count
+                pair_counts[(word[i - 1], new)] += count
+            if i + 2 < len(word):
+                pair_counts[(pair[1], word[i + 2])] -= count
+                pair_counts[(new, word[i + 2])] += count
+            out.append(new)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
+
+
+def rebuilt(word, count, pair, new, pair_counts):
+    fresh = defaultdict(int, pair_counts)
+    return update(word, count, pair, new, fresh)
+
+
+def test_update_checker_accepts_the_reference_and_the_package(capsys):
+    assert verdict(ch06.check_update_pair_counts, ch06.update_pair_counts, capsys)[0]
+    assert verdict(ch06.check_update_pair_counts, package_update, capsys)[0]
+    assert verdict(ch06.check_update_pair_counts, update, capsys)[0]
+
+
+UPDATE_WRONG = {
+    "old pairs not subtracted": (lambda *a: update(*a, subtract=False), "did not subtract the piece's old pairs"),
+    "new pairs not added": (lambda *a: update(*a, add=False), "did not add its new ones"),
+    "count ignored": (lambda *a: update(*a, weight=False), "subtract and add `count`, not 1"),
+    "overlapping merge": (lambda *a: update(*a, overlapping=True), "merge left to right without overlap"),
+    "neighbours double-counted": (neighbours_update, "the pair between two merges"),
+    "a new dict": (rebuilt, "update the dict you were given, in place"),
+    "no return": (lambda *a: None, "return the new word"),
+    "crashes": (lambda word, count, pair, new, counts: counts.pop("missing"), "your function raised KeyError"),
+}
+
+
+@pytest.mark.parametrize("name", UPDATE_WRONG)
+def test_update_checker_rejects_typical_mistakes(name, capsys):
+    fn, message = UPDATE_WRONG[name]
+    rejects(ch06.check_update_pair_counts, fn, message, capsys)
 
 
 # --------------------------------------------------------------------------- encoding with a merge list

@@ -14,6 +14,7 @@ from tfm_course.tokenizers import (BPETokenizer, bytes_to_unicode, count_pieces,
                                    token_to_text, train_bpe, train_bpe_naive)
 from tfm_course.tokenizers import default as default_module
 from tfm_course.tokenizers.pretokenize import safe_cut, special_pattern
+from tfm_course.tokenizers.bpe_train import hf_byte_ids
 
 EOT = "<|endoftext|>"
 EDGE_CASES = ["", " ", "  ", "\n", "\n\n\n", "\t x", "a  \n  b", "x\n  y", "trailing   ", "   leading",
@@ -85,6 +86,22 @@ def test_tie_break_and_first_merges_by_hand():
     # three pairs seen once each: (c, d) > (a, b) > (" ", c) byte-wise; then (" ", cd)
     _, merges = train_bpe(["ab cd"], 260)
     assert merges == [(b"c", b"d"), (b"a", b"b"), (b" ", b"cd")]
+
+
+def test_hf_tie_break_by_hand():
+    # HF tokenizers' rule: among equally frequent pairs the one with smaller ids wins, (id_a, id_b);
+    # bytes are numbered by their printable character: letters first, the space (U+0120 'Ġ') at 220,
+    # and every merged token after all 256 bytes, in creation order.
+    assert hf_byte_ids()[ord("a")] < hf_byte_ids()[ord("c")] < hf_byte_ids()[ord(" ")] == 220
+    _, merges = train_bpe(["ab cd"], 259, tie_break="hf")  # three pairs once each
+    assert merges == [(b"a", b"b"), (b"c", b"d"), (b" ", b"cd")]  # the default gives (c, d) first
+    # after (x, y), the pairs (xy, xy), (" ", a) and (a, b) tie: HF takes byte ids before merged ids
+    _, merges = train_bpe(["xyxy ab"], 260, tie_break="hf")
+    assert merges == [(b"x", b"y"), (b"a", b"b"), (b" ", b"ab"), (b"xy", b"xy")]
+    _, merges = train_bpe(["xyxy ab"], 260)  # the default: the greater pair of byte strings
+    assert merges == [(b"x", b"y"), (b"xy", b"xy"), (b"a", b"b"), (b" ", b"ab")]
+    with pytest.raises(ValueError, match=r"tie_break must be one of \('greater', 'hf'\), got 'smaller'"):
+        train_bpe(["ab"], 257, tie_break="smaller")
 
 
 def test_merges_never_cross_pretokens_or_special_tokens():

@@ -40,3 +40,31 @@ def test_transformers_gpt2_tokenizer_gives_the_same_ids(saved):
     mismatched = [t for t in texts if theirs.encode(t) != tok.encode(t)]
     assert not mismatched, mismatched[:3]
     assert all(theirs.decode(tok.encode(t)) == t for t in EXTRA)
+
+
+def test_hf_tie_break_reproduces_hf_trainer_merge_for_merge():
+    """HF's BpeTrainer and ours with tie_break="hf" learn the same merges, in the same order.
+
+    With the default rule the lists share most merges but first differ at a tie; this checks
+    that the tie rule is the only difference between the two trainers on the course corpus.
+    """
+    tokenizers = pytest.importorskip("tokenizers")
+    import os
+    import tempfile
+
+    from tfm_course.tokenizers import count_pieces
+    from tfm_course.tokenizers.bpe_train import train_merges
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    docs = [d.text for d in corpus.documents("train")]
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE())
+    hf.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=4096, min_frequency=0, show_progress=False,
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator(docs, trainer)
+    with tempfile.TemporaryDirectory() as folder:
+        theirs = BPETokenizer.from_files(*hf.model.save(folder)).merges
+    pieces = count_pieces(docs)
+    ours = train_merges(pieces, 4096, tie_break="hf")[1]
+    assert len(theirs) == 3840 and ours == theirs
+    assert train_merges(pieces, 4096)[1] != theirs  # the default rule is a different rule

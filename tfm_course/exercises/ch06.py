@@ -2,6 +2,7 @@
 
 >>> from tfm_course.exercises import ch06
 >>> ch06.check_merge_step(my_merge_step)          # fn(pieces: {tuple[bytes, ...]: count}) -> (pair, new pieces)
+>>> ch06.check_update_pair_counts(my_update)      # fn(word, count, pair, new, pair_counts) -> new word; counts in place
 >>> ch06.check_encode_piece(my_encode_piece)      # fn(piece: bytes, merges: list[(bytes, bytes)]) -> list[bytes]
 >>> ch06.check_bytes_to_unicode(my_table)         # fn() -> {byte value: printable character}
 >>> ch06.check_split_on_specials(my_split)        # fn(text, special_tokens) -> list[str]
@@ -12,13 +13,13 @@ Each prints what is wrong in words and returns True or False; none raises becaus
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Callable
 
 from ..tokenizers import bytes_to_unicode
 from ._checking import Failed, attempt, run_checks
 
-__all__ = ["check_merge_step", "check_encode_piece", "check_bytes_to_unicode", "check_split_on_specials"]
+__all__ = ["check_merge_step", "check_update_pair_counts", "check_encode_piece", "check_bytes_to_unicode", "check_split_on_specials"]
 
 Pieces = dict[tuple[bytes, ...], int]
 Pair = tuple[bytes, bytes]
@@ -136,6 +137,135 @@ def check_merge_step(fn: Callable[[Pieces], tuple[Pair, Pieces]]) -> bool:
         return check
 
     return run_checks("one BPE merge step", [(name, case(pieces)) for name, pieces in MERGE_CASES])
+
+
+# --------------------------------------------------------------------------- the fast trainer's update step
+IdPair = tuple[int, int]
+
+
+def _merge_ids(word: list[int], pair: IdPair, new: int, overlapping: bool = False) -> list[int]:
+    out: list[int] = []
+    i = 0
+    while i < len(word):
+        if i < len(word) - 1 and (word[i], word[i + 1]) == pair:
+            out.append(new)
+            i += 1 if overlapping else 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
+
+
+def update_pair_counts(word: list[int], count: int, pair: IdPair, new: int,
+                       pair_counts: dict[IdPair, int]) -> list[int]:
+    """The reference: merge ``pair`` in ``word``; subtract its old pairs, add its new ones, times ``count``."""
+    new_word = _merge_ids(word, pair, new)
+    if new_word != word:
+        for p in zip(word, word[1:]):
+            pair_counts[p] -= count
+        for p in zip(new_word, new_word[1:]):
+            pair_counts[p] += count
+    return new_word
+
+
+def _pairs(word: list[int], weight: int) -> Counter:
+    return Counter({p: n * weight for p, n in Counter(zip(word, word[1:])).items()})
+
+
+def _nonzero(counts: dict) -> dict:
+    return {p: n for p, n in counts.items() if n != 0}
+
+
+# (what the case shows, the piece, its count, the pair, the new id, the other pieces: {piece: count})
+UPDATE_CASES = [
+    ("the pair twice in a piece seen 3 times", [1, 2, 3, 1, 2, 4], 3, (1, 2), 9, {(1, 2): 5, (3, 1, 4): 2}),
+    ("an overlapping pair: 'aaa' seen twice", [5, 5, 5], 2, (5, 5), 7, {(5, 6): 1}),
+    ("an overlapping pair: 'aaaa' seen 4 times", [5, 5, 5, 5], 4, (5, 5), 7, {(5, 5): 3}),
+    ("two merges side by side: 'abab'", [1, 2, 1, 2], 1, (1, 2), 9, {(2, 1): 2}),
+    ("a piece without the pair", [1, 3, 2], 6, (1, 2), 9, {(1, 2): 4}),
+]
+
+
+def _update_mistake(word, count, pair, new, before: Counter, got: dict) -> str | None:
+    new_word = _merge_ids(word, pair, new)
+    old_pairs, new_pairs = _pairs(word, count), _pairs(new_word, count)
+    variants = [
+        (before + new_pairs, "you added the new pairs but did not subtract the piece's old pairs: "
+                             "each old pair of the piece goes away, count times"),
+        (before - old_pairs, "you subtracted the piece's old pairs but did not add its new ones "
+                             "(with the new token)"),
+        (_sub(before, old_pairs) + new_pairs, None),
+        (_sub(before, _pairs(word, 1)) + _pairs(new_word, 1),
+         "each pair of this piece occurs `count` times in the corpus: subtract and add `count`, not 1"),
+    ]
+    got_nz = _nonzero(got)
+    for variant, message in variants:
+        if message and got_nz == _nonzero(variant):
+            return message
+    if any(n < 0 for n in got.values()):
+        return ("a count went below zero: a pair was subtracted more often than it occurs — with an "
+                "overlapping pair ('aaaa') the pair between two merges is the right neighbour of one merge "
+                "and the left neighbour of the next; subtract each old pair once, zip(word, word[1:])")
+    want = _nonzero(_sub(before, old_pairs) + new_pairs)
+    if sum(got_nz.values()) < sum(want.values()):
+        return ("too much was subtracted: with an overlapping pair ('aaaa') the pair between two merges is "
+                "the right neighbour of one merge and the left neighbour of the next — subtract each old pair "
+                "of the piece once (zip(word, word[1:])), then add each new pair once")
+    return None
+
+
+def _sub(a: Counter, b: Counter) -> Counter:
+    """a - b keeping negative values (Counter's ``-`` drops them)."""
+    out = Counter(a)
+    for k, n in b.items():
+        out[k] -= n
+    return out
+
+
+def check_update_pair_counts(fn: Callable[[list[int], int, IdPair, int, dict], list[int]]) -> bool:
+    """``fn(word, count, pair, new, pair_counts)`` -> the new word; ``pair_counts`` updated in place.
+
+    ``word`` is one piece as token ids, seen ``count`` times; ``pair_counts`` (a ``defaultdict(int)``)
+    holds the counts of every pair of the corpus, this piece included. A pair whose count drops to 0
+    may be kept at 0 or deleted.
+    """
+
+    def case(word, count, pair, new, others) -> Callable[[], None]:
+        def check() -> None:
+            before = _pairs(word, count)
+            for piece, n in others.items():
+                before.update(_pairs(list(piece), n))
+            counts: defaultdict = defaultdict(int, before)
+            want_word = _merge_ids(word, pair, new)
+            want = _nonzero(_sub(before, _pairs(word, count)) + _pairs(want_word, count)) \
+                if want_word != word else _nonzero(before)
+            got_word = attempt(fn, list(word), count, pair, new, counts)
+            if isinstance(got_word, tuple):
+                got_word = list(got_word)
+            if not isinstance(got_word, list):
+                raise Failed(f"return the new word, a list of ids like {want_word}, got {type(got_word).__name__}")
+            if got_word != want_word:
+                if got_word == _merge_ids(word, pair, new, overlapping=True):
+                    raise Failed(f"{word} -> {got_word}: an id was used twice; merge left to right without "
+                                 f"overlap, {word} -> {want_word}")
+                raise Failed(f"the new word should be {want_word}, got {got_word}")
+            if not isinstance(counts, dict) or not all(isinstance(n, int) for n in counts.values()):
+                raise Failed("pair_counts should hold int counts")
+            got = _nonzero(counts)
+            if got == want:
+                return
+            if got == _nonzero(before):
+                raise Failed("pair_counts did not change: update the dict you were given, in place "
+                             "(pair_counts[p] -= count ...), do not build a new one")
+            message = _update_mistake(word, count, pair, new, before, counts)
+            if message:
+                raise Failed(message)
+            wrong = sorted(set(got) | set(want), key=lambda p: (got.get(p, 0) == want.get(p, 0), p))[0]
+            raise Failed(f"pair_counts[{wrong}] should be {want.get(wrong, 0)}, got {got.get(wrong, 0)}")
+        return check
+
+    return run_checks("the update step of the fast trainer",
+                      [(name, case(*rest)) for name, *rest in UPDATE_CASES])
 
 
 # --------------------------------------------------------------------------- encoding with a merge list

@@ -13,16 +13,23 @@ Two observations make training thousands of times cheaper:
    entry whose count is out of date is skipped when popped) then yields the next pair.
 
 Rule for ties (stated, or two correct trainers disagree): the most frequent pair wins; among equally
-frequent pairs, the lexicographically greater pair of byte strings, ``(bytes_a, bytes_b)``.
+frequent pairs, by default (``tie_break="greater"``, the rule of Stanford CS336's assignment 1) the
+lexicographically greater pair of byte strings, ``(bytes_a, bytes_b)``. With ``tie_break="hf"`` the
+rule of Hugging Face ``tokenizers``' ``BpeTrainer``: the pair of *smaller ids* wins, compared as
+``(id_a, id_b)``, where the 256 byte tokens are numbered in the code-point order of their printable
+characters (GPT-2's byte-to-unicode table: ``!`` … ``ÿ`` first, then the space, control bytes …) and
+each merged token takes the next id. On the course corpus this reproduces HF's merges exactly.
 A merge whose result already is a token (``"a"+"bc"`` after ``"ab"+"c"``) reuses that token's id.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections import Counter, defaultdict
 from typing import Iterable, Mapping
 
+from .bytes_unicode import bytes_to_unicode
 from .pretokenize import check_special_tokens, pretokenize, special_pattern, split_on_specials
 
 
@@ -65,28 +72,78 @@ def _merge_word(word: list[int], a: int, b: int, new: int) -> list[int]:
     return out
 
 
-def train_merges(piece_counts: Mapping[bytes, int], n_tokens: int
+TIE_BREAKS = ("greater", "hf")
+
+
+@functools.lru_cache(maxsize=None)
+def hf_byte_ids() -> tuple[int, ...]:
+    """HF ``tokenizers``' id of each byte (index = byte value): bytes sorted by their printable character."""
+    table = bytes_to_unicode()
+    ids = [0] * 256
+    for rank, byte in enumerate(sorted(range(256), key=lambda b: ord(table[b]))):
+        ids[byte] = rank
+    return tuple(ids)
+
+
+def _tie_key(tie_break: str, token: bytes, token_id: int):
+    """The key of a token in a heap entry: the *smaller* key wins a tie."""
+    if tie_break == "greater":
+        return _descending(token)
+    return hf_byte_ids()[token_id] if token_id < 256 else token_id  # merged tokens: ids in creation order
+
+
+def merge_pair(words: list[list[int]], counts: list[int], where: dict[tuple[int, int], set[int]],
+               pair_counts: dict[tuple[int, int], int], a: int, b: int, new: int
+               ) -> tuple[set[tuple[int, int]], int]:
+    """The update step: merge (a, b) into ``new`` in the pieces that contain it, counts updated in place.
+
+    ``words[i]`` is piece i as token ids, seen ``counts[i]`` times; ``where[pair]`` the pieces that
+    may contain ``pair``. Returns the pairs whose count changed, and how many tokens the merge removed.
+    """
+    changed: set[tuple[int, int]] = set()
+    fewer = 0
+    for index in where.pop((a, b), ()):
+        word = words[index]
+        new_word = _merge_word(word, a, b, new)
+        if len(new_word) == len(word):
+            continue  # the pair left this piece in an earlier merge
+        count = counts[index]
+        fewer += (len(word) - len(new_word)) * count
+        for pair in zip(word, word[1:]):  # the piece's old pairs go, all of them ...
+            pair_counts[pair] -= count
+            changed.add(pair)
+        for pair in zip(new_word, new_word[1:]):  # ... and its new pairs come: overlaps count right
+            pair_counts[pair] += count
+            changed.add(pair)
+            where[pair].add(index)
+        words[index] = new_word
+    return changed, fewer
+
+
+def train_merges(piece_counts: Mapping[bytes, int], n_tokens: int, tie_break: str = "greater"
                  ) -> tuple[list[bytes], list[tuple[bytes, bytes]], list[int]]:
     """Merge pairs until the vocabulary has ``n_tokens`` tokens (256 bytes + merges) or no pair is left.
 
     Returns ``(tokens, merges, removed)``: the token bytes by id (ids 0-255 are the bytes), the
     merges in order, and how many tokens each merge removed from the corpus (its pair's count,
-    less the overlaps: merging "a a" in "a a a" removes one token, not two).
+    less the overlaps: merging "a a" in "a a a" removes one token, not two). ``tie_break``: see
+    the module's docstring ("greater" or "hf").
     """
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
     tokens = [bytes([i]) for i in range(256)]
     id_of = {token: i for i, token in enumerate(tokens)}
-    order = [_descending(token) for token in tokens]
+    key = [_tie_key(tie_break, token, i) for i, token in enumerate(tokens)]
     words = [list(piece) for piece in piece_counts]  # a piece's bytes are its initial token ids
     counts = list(piece_counts.values())
-
     pair_counts: dict[tuple[int, int], int] = defaultdict(int)
     where: dict[tuple[int, int], set[int]] = defaultdict(set)  # pair -> pieces that (may) contain it
     for index, (word, count) in enumerate(zip(words, counts)):
         for pair in zip(word, word[1:]):
             pair_counts[pair] += count
             where[pair].add(index)
-    heap = [(-count, order[a], order[b], a, b) for (a, b), count in pair_counts.items()]
-    heapq.heapify(heap)
+    heap = [(-count, key[a], key[b], a, b) for (a, b), count in pair_counts.items()]
+    heapq.heapify(heap)  # the smallest entry first: the largest count, then the tie rule
 
     merges: list[tuple[bytes, bytes]] = []
     removed: list[int] = []
@@ -100,46 +157,31 @@ def train_merges(piece_counts: Mapping[bytes, int], n_tokens: int
             new = len(tokens)
             tokens.append(merged)
             id_of[merged] = new
-            order.append(_descending(merged))
+            key.append(_tie_key(tie_break, merged, new))
         merges.append((tokens[a], tokens[b]))
-
-        changed: set[tuple[int, int]] = set()
-        fewer = 0
-        for index in where.pop((a, b), ()):
-            word = words[index]
-            new_word = _merge_word(word, a, b, new)
-            if len(new_word) == len(word):
-                continue  # the pair left this piece in an earlier merge
-            count = counts[index]
-            fewer += (len(word) - len(new_word)) * count
-            for pair in zip(word, word[1:]):
-                pair_counts[pair] -= count
-                changed.add(pair)
-            for pair in zip(new_word, new_word[1:]):
-                pair_counts[pair] += count
-                changed.add(pair)
-                where[pair].add(index)
-            words[index] = new_word
+        changed, fewer = merge_pair(words, counts, where, pair_counts, a, b, new)
         removed.append(fewer)
-        for pair in changed:
+        for pair in changed:  # one fresh entry per changed pair; the stale ones are skipped later
             count = pair_counts[pair]
             if count > 0:
-                heapq.heappush(heap, (-count, order[pair[0]], order[pair[1]], *pair))
+                heapq.heappush(heap, (-count, key[pair[0]], key[pair[1]], *pair))
             else:
                 del pair_counts[pair]
     return tokens, merges, removed
 
 
 def train_bpe(documents: Iterable[str] | Mapping[bytes, int], vocab_size: int,
-              special_tokens: list[str] | None = None) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+              special_tokens: list[str] | None = None, tie_break: str = "greater"
+              ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """``(vocab, merges)`` of a byte-level BPE trained on ``documents`` (or on ready piece counts).
 
     ``vocab_size`` counts everything: 256 bytes + merges + special tokens (which take the last ids).
+    ``tie_break``: "greater" (the default) or "hf" (Hugging Face ``tokenizers``' rule), see the module.
     """
     specials = check_special_tokens(special_tokens)
     check_vocab_size(vocab_size, specials)
     counts = documents if isinstance(documents, Mapping) else count_pieces(documents, specials)
-    tokens, merges, _ = train_merges(counts, vocab_size - len(specials))
+    tokens, merges, _ = train_merges(counts, vocab_size - len(specials), tie_break)
     vocab = dict(enumerate(tokens))
     for token in specials:
         vocab[len(vocab)] = token.encode("utf-8")
