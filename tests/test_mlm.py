@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from cuda_helpers import needs_cuda
 from tfm_course.data.mlm import (IGNORE, build_pair, chunk, collate_pairs, mask_tokens, nsp_pairs,
-                                 pack_documents, unigram_cross_entropy)
+                                 pack_documents, unigram_cross_entropy, word_start_table, word_starts_of)
 
 PAD, CLS, SEP, MASK, UNK = 0, 1, 2, 3, 4
 SPECIAL = (PAD, CLS, SEP, MASK, UNK)
@@ -98,6 +98,128 @@ def test_special_ids_absent_from_the_batch_are_excluded_only_when_named():
     assert not (inputs == UNK).any()
 
 
+# --------------------------------------------------------------------------- whole words
+def word_table(vocab: int, seed: int = 0, share_starts: float = 0.55):
+    """A random per-id word-start table: about ``share_starts`` of the ordinary ids begin a word."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.rand(vocab, generator=g) < share_starts
+    table[list(SPECIAL)] = True
+    return table
+
+
+def words_of(row_ids, row_special, table):
+    """The words of one row as lists of positions, by hand: a start and the ordinary tokens after it."""
+    words, current = [], None
+    for t, (i, s) in enumerate(zip(row_ids.tolist(), row_special.tolist())):
+        if s:
+            current = None
+            continue
+        if current is None or table[i]:
+            current = [t]
+            words.append(current)
+        else:
+            current.append(t)
+    return words
+
+
+def test_whole_words_are_chosen_together_within_the_budget():
+    vocab = 60
+    table = word_table(vocab)
+    ids, special = padded_batch(300, 40, vocab, seed=11)
+    for p in (0.15, 0.4):
+        inputs, labels = mask_tokens(ids, special, vocab, MASK, p=p, special_ids=SPECIAL, word_starts=table,
+                                     generator=torch.Generator().manual_seed(2))
+        chosen = labels != IGNORE
+        assert not (chosen & special).any(), "special tokens are never chosen"
+        assert torch.equal(labels[chosen], ids[chosen]) and torch.equal(inputs[~chosen], ids[~chosen])
+        n_real = (~special).sum(1)
+        k = torch.round(p * n_real).clamp(min=1)
+        assert (chosen.sum(1) <= k).all(), "never more than round(p * n) tokens"
+        for row in range(len(ids)):
+            words = words_of(ids[row], special[row], table)
+            assert sum(map(len, words)) == int(n_real[row])
+            left = int(k[row]) - int(chosen[row].sum())
+            for word in words:
+                picked = chosen[row, word]
+                assert picked.all() or not picked.any(), f"row {row}: word {word} chosen in part"
+                if not picked.any():  # BERT's greedy rule: a skipped word did not fit
+                    assert len(word) > left, f"row {row}: word {word} fits in the {left} tokens left"
+        n_chosen, n_tokens = int(chosen.sum()), int(n_real.sum())
+        assert n_chosen >= 0.97 * float(k.sum())  # short words fill the budget almost always
+        assert within_binomial(n_chosen, n_tokens, p)
+
+
+def test_every_word_is_chosen_about_equally_often():
+    vocab = 40
+    table = word_table(vocab, seed=5)
+    ids, special = padded_batch(1, 30, vocab, seed=9, min_len=30)
+    words = words_of(ids[0], special[0], table)
+    singles = [w for w in words if len(w) == 1]
+    assert len(singles) >= 5 and any(len(w) > 1 for w in words)
+    draws, g = 3000, torch.Generator().manual_seed(0)
+    counts = sum((mask_tokens(ids, special, vocab, MASK, p=0.3, generator=g, word_starts=table)[1] != IGNORE).long()
+                 for _ in range(draws))[0]
+    share = [int(counts[w[0]]) for w in singles]  # single-token words compete on equal terms
+    mean = sum(share) / len(share)
+    assert all(within_binomial(c, draws, mean / draws) for c in share)
+    assert all(counts[w[0]] > 0 for w in words), "every word, long ones too, is chosen sometimes"
+
+
+def test_without_word_starts_or_with_every_token_a_word_the_masking_is_the_same_rule():
+    vocab = 50
+    ids, special = padded_batch(200, 32, vocab, seed=12)
+    every = torch.ones(vocab, dtype=torch.bool)
+    _, labels = mask_tokens(ids, special, vocab, MASK, word_starts=every, generator=torch.Generator().manual_seed(1))
+    k = torch.round(0.15 * (~special).sum(1)).clamp(min=1)
+    assert torch.equal((labels != IGNORE).sum(1), k.long())  # single-token words: exactly k per row
+
+
+def test_word_starts_by_position_equal_the_table_read_at_the_ids():
+    vocab = 50
+    table = word_table(vocab, seed=3)
+    ids, special = padded_batch(16, 24, vocab, seed=13)
+    starts = word_starts_of(ids, special, table)
+    assert starts[:, 0].all() and starts[special].all()
+    assert (starts[:, 1:][special[:, :-1]]).all(), "the token after a special one begins a word"
+    by_table = mask_tokens(ids, special, vocab, MASK, word_starts=table, generator=torch.Generator().manual_seed(4))
+    by_position = mask_tokens(ids, special, vocab, MASK, word_starts=table[ids],
+                              generator=torch.Generator().manual_seed(4))
+    assert all(torch.equal(a, b) for a, b in zip(by_table, by_position))
+
+
+def test_word_start_table_of_the_byte_level_bpe():
+    from tfm_course.tokenizers import default_tokenizer
+    tok = default_tokenizer(1024, special_tokens=("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
+    table = word_start_table(tok)
+    assert table.shape == (tok.vocab_size,) and table.dtype == torch.bool
+    assert table[list(tok.special_ids.values())].all()
+    ids = tok.encode_ordinary("Return the sum, or raise ValueError.\n")
+    pieces = [tok.decode([i]) for i in ids]
+    starts = [bool(table[i]) for i in ids]
+    for piece, start in zip(pieces, starts):
+        if piece[0] in " ,.\n":
+            assert start, f"{piece!r} begins with a space or punctuation: a word start"
+        elif piece[0].isalnum():
+            assert not start, f"{piece!r} begins with a letter: it continues a word"
+    assert "".join(pieces) == "Return the sum, or raise ValueError.\n"
+    for i, token in tok.vocab.items():  # a piece of a UTF-8 character never begins a word
+        if token[:1] and token[0] >= 0x80 and i not in tok.special_ids.values():
+            assert not table[i]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.ones(7, dtype=torch.bool), r"7 entries, expected one per id"),
+    (torch.ones(3, 5, dtype=torch.bool), r"shape \(vocab_size,\) or \(batch, seq\) = \(4, 16\), got \(3, 5\)"),
+    (torch.ones(50), r"bool tensor"),
+])
+def test_word_starts_reject_bad_input(bad, message):
+    ids, special = padded_batch(4, 16, 50)
+    with pytest.raises(ValueError, match=message):
+        mask_tokens(ids, special, 50, MASK, word_starts=bad)
+    with pytest.raises(ValueError, match="tokenizer"):
+        word_start_table(object())
+
+
 # --------------------------------------------------------------------------- MLM invariants
 def test_invariants_of_inputs_and_labels():
     ids, special = padded_batch(64, 48, 90, seed=7)
@@ -144,6 +266,9 @@ def test_masking_never_reads_the_device_back_to_the_host():
     ids, special = padded_batch(4, 16, 40)
     inputs, labels = mask_tokens(ids.to("meta"), special.to("meta"), 40, MASK, special_ids=SPECIAL)
     assert inputs.device.type == labels.device.type == "meta" and inputs.shape == (4, 16)
+    table = torch.ones(40, dtype=torch.bool, device="meta")
+    inputs, labels = mask_tokens(ids.to("meta"), special.to("meta"), 40, MASK, word_starts=table)
+    assert labels.device.type == "meta" and labels.shape == (4, 16)
 
 
 @needs_cuda

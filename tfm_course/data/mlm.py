@@ -9,11 +9,11 @@ segment is a list of token ids. The corpus decides where documents start and end
 documents are training and which validation; these functions never mix documents of two splits,
 because they only ever see one split.
 
-**Whole-word masking is not implemented.** BERT's later release masks every sub-word piece of a
-chosen word together, so the model cannot recover a piece from its neighbours inside the same
-word ("tokeni ##zer"). With a byte-level BPE the pieces of a word are its tokens after a
-space-prefixed one; grouping them needs the tokenizer's word boundaries, which token ids alone do
-not carry. :func:`mask_tokens` chooses single tokens, as the original BERT did.
+**Whole-word masking** (``word_starts=``): BERT's later release and RoBERTa's fairseq code mask
+every piece of a chosen word together, so the model cannot recover a piece from the rest of its
+word. With a byte-level BPE the ids say where words begin: :func:`word_start_table` marks the
+tokens whose bytes begin with whitespace or punctuation (fairseq's GPT-2 rule marks those that
+begin with a space); a row's first token and the token after a special one begin a word too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["IGNORE", "mask_tokens", "chunk", "nsp_pairs", "build_pair", "collate_pairs",
+__all__ = ["IGNORE", "mask_tokens", "word_start_table", "word_starts_of", "chunk", "nsp_pairs", "build_pair", "collate_pairs",
            "pack_documents", "unigram_cross_entropy"]
 
 IGNORE = -100  # label value that ``F.cross_entropy`` skips
@@ -33,7 +33,8 @@ IGNORE = -100  # label value that ``F.cross_entropy`` skips
 # --------------------------------------------------------------------------- MLM
 def mask_tokens(ids: Tensor, special_mask: Tensor, vocab_size: int, mask_id: int, p: float = 0.15,
                 generator: torch.Generator | None = None,
-                special_ids: Sequence[int] = ()) -> tuple[Tensor, Tensor]:
+                special_ids: Sequence[int] = (),
+                word_starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """BERT's masking: returns ``(inputs, labels)``, both ``(batch, seq)`` like ``ids``.
 
     * In each row, ``max(1, round(p · n))`` of its ``n`` non-special positions are chosen at
@@ -51,18 +52,34 @@ def mask_tokens(ids: Tensor, special_mask: Tensor, vocab_size: int, mask_id: int
     some of them may be absent from a batch, e.g. ``[UNK]``). A random replacement may equal the
     original token, as in BERT.
 
+    **Whole words** (``word_starts`` given: a bool table ``(vocab_size,)``, True for the ids that
+    begin a word, e.g. :func:`word_start_table`, or a bool ``(batch, seq)``, True at the positions
+    that begin one): a word is a start and the non-special tokens after it up to the next start.
+    A row's first position and every position after a special one begin a word whatever the table
+    says. The budget is the same ``k = max(1, round(p · n))`` *tokens*; the row's words are taken
+    in a random order, each chosen whole if it fits in what is left of the budget and skipped
+    otherwise (the rule of BERT's ``create_pretraining_data.py`` with ``do_whole_word_mask``). So a
+    row gets at most ``k`` tokens, exactly ``k`` unless every word left over is longer than the
+    remainder, and no unchosen word is shorter than or equal to ``k`` minus the tokens chosen (it
+    may get none if all its words are longer than ``k``). fairseq's RoBERTa chooses ``p`` of the
+    *words* instead, so its share of tokens is larger. The 80/10/10 draw stays per token.
+
     Everything is created on ``ids.device`` without a host sync; ``generator`` must live on that
     device too. ``ids`` is not modified.
     """
     _check_mask_args(ids, special_mask, vocab_size, mask_id, p, generator, special_ids)
     device = ids.device
     batch, seq = ids.shape
-    # choose: the k lowest random scores among the row's non-special positions
-    scores = torch.rand(batch, seq, device=device, generator=generator).masked_fill(special_mask, 2.0)
-    ranks = scores.argsort(dim=1).argsort(dim=1)  # rank of each position's score in its row
     n_real = (~special_mask).sum(dim=1, keepdim=True)  # (batch, 1)
     k = torch.round(p * n_real).clamp(min=1).minimum(n_real)
-    chosen = ranks < k
+    # choose: the k lowest random scores among the row's non-special positions
+    scores = torch.rand(batch, seq, device=device, generator=generator).masked_fill(special_mask, 2.0)
+    if word_starts is None:
+        ranks = scores.argsort(dim=1).argsort(dim=1)  # rank of each position's score in its row
+        chosen = ranks < k
+    else:
+        chosen = _choose_whole_words(word_starts_of(ids, special_mask, word_starts), special_mask,
+                                     scores, k[:, 0])
 
     action = torch.rand(batch, seq, device=device, generator=generator)
     to_mask = chosen & (action < 0.8)
@@ -79,6 +96,76 @@ def mask_tokens(ids: Tensor, special_mask: Tensor, vocab_size: int, mask_id: int
     inputs = torch.where(to_random, random_ids.view(batch, seq).to(ids.dtype), inputs)
     labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
     return inputs, labels
+
+
+def word_starts_of(ids: Tensor, special_mask: Tensor, word_starts: Tensor) -> Tensor:
+    """``(batch, seq)`` bool: True where a word begins (see :func:`mask_tokens`).
+
+    ``word_starts`` is a table ``(vocab_size,)`` read at ``ids``, or already ``(batch, seq)``. A
+    row's first position, special positions and the positions after them are starts too.
+    """
+    if not isinstance(word_starts, Tensor) or word_starts.dtype != torch.bool:
+        raise ValueError(f"word_starts must be a bool tensor, (vocab_size,) or (batch, seq) = "
+                         f"{tuple(ids.shape)}, got {getattr(word_starts, 'dtype', type(word_starts))}")
+    if word_starts.device != ids.device:
+        raise ValueError(f"word_starts must be on ids' device {ids.device}, got {word_starts.device}")
+    if word_starts.shape == ids.shape and word_starts.dim() == 2:
+        starts = word_starts.clone()
+    elif word_starts.dim() == 1:
+        if ids.device.type == "cpu" and ids.numel() and int(ids.max()) >= len(word_starts):
+            raise ValueError(f"word_starts has {len(word_starts)} entries, expected one per id "
+                             f"(vocab_size), but ids go up to {int(ids.max())}")
+        starts = word_starts[ids]
+    else:
+        raise ValueError(f"word_starts must have shape (vocab_size,) or (batch, seq) = "
+                         f"{tuple(ids.shape)}, got {tuple(word_starts.shape)}")
+    starts |= special_mask
+    starts[:, 0] = True
+    starts[:, 1:] |= special_mask[:, :-1]
+    return starts
+
+
+def _choose_whole_words(starts: Tensor, special_mask: Tensor, scores: Tensor, k: Tensor) -> Tensor:
+    """Whole words in the order of their first token's score, each taken if it fits in ``k``."""
+    batch, seq = starts.shape
+    positions = torch.arange(seq, device=starts.device).expand(batch, seq)
+    first = torch.where(starts, positions, 0).cummax(dim=1).values  # each position's word start
+    length = torch.zeros(batch, seq, dtype=torch.long, device=starts.device)
+    length.scatter_add_(1, first, torch.ones_like(length))  # tokens per word, at its start
+    word_score = torch.where(starts & ~special_mask, scores, 2.0)  # specials: never
+    order = word_score.argsort(dim=1)
+    length_in_order = length.gather(1, order)
+    valid_in_order = word_score.gather(1, order) < 2.0
+    left = k.clone()
+    taken = torch.zeros(batch, seq, dtype=torch.bool, device=starts.device)
+    for r in range(seq):  # BERT's greedy rule: skip a word that does not fit, try the next
+        take = valid_in_order[:, r] & (length_in_order[:, r] <= left)
+        taken[:, r] = take
+        left = left - take * length_in_order[:, r]
+    chosen_start = torch.zeros_like(taken).scatter_(1, order, taken)
+    return chosen_start.gather(1, first) & ~special_mask
+
+
+def word_start_table(tok) -> Tensor:
+    """``(vocab_size,)`` bool: True for the ids of ``tok`` that begin a word, and its special ids.
+
+    A byte-level BPE keeps a word's leading space in its first token (`` Value``, ``Error``), and
+    its pre-tokeniser cuts punctuation and whitespace into pieces of their own. So an id begins a
+    word when its bytes begin with an ASCII space, newline or punctuation; one that begins with a
+    letter, a digit or a non-ASCII byte (part of a UTF-8 character) continues the word before it.
+    The exception a table cannot see, a letter right after punctuation (``(bar``), is grouped
+    with the punctuation. fairseq builds RoBERTa's table the same way with the space rule alone.
+    """
+    vocab, special = getattr(tok, "vocab", None), getattr(tok, "special_ids", None)
+    if not isinstance(vocab, dict) or not isinstance(special, dict):
+        raise ValueError(f"need a tokenizer with .vocab (id -> bytes) and .special_ids, got "
+                         f"{type(tok).__name__}")
+    table = torch.zeros(tok.vocab_size, dtype=torch.bool)
+    specials = set(special.values())
+    for i, token in vocab.items():
+        first = token[:1]
+        table[i] = i in specials or (first != b"" and first[0] < 0x80 and not first.isalnum())
+    return table
 
 
 def _check_mask_args(ids: Tensor, special_mask: Tensor, vocab_size: int, mask_id: int, p: float,
