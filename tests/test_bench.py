@@ -1,4 +1,5 @@
-"""tfm_course.bench: timing, memory and FLOP counting, sweeps, slopes and crossovers."""
+"""tfm_course.experiments.measure and .scaling: timing, memory and FLOP counting, sweeps, slopes and
+crossovers; tfm_course.viz.markdown_table."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import torch
 from cuda_helpers import needs_cuda
 
 from tfm_course.attention import fused_attention, scaled_dot_product_attention
-from tfm_course.bench import (count_flops, crossover, cuda_peak_bytes, loglog_slope, markdown_table,
-                              peak_tensor_bytes, saved_tensor_bytes, sweep, time_fn)
+from tfm_course.experiments.measure import (count_flops, cuda_peak_bytes, peak_tensor_bytes,
+                                            saved_tensor_bytes, time_fn)
+from tfm_course.experiments.scaling import crossover, loglog_slope, sweep
+from tfm_course.viz import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 

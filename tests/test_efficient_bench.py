@@ -1,4 +1,5 @@
-"""Quality at equal training time (tfm_course.efficient_bench) and tools/bench_efficient.py's modes."""
+"""Quality at equal training time (tfm_course.experiments.equal_time), the sweep tables
+(tfm_course.experiments.scaling) and tools/bench_efficient.py's modes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from tfm_course.efficient.cases import attention_cases
-from tfm_course.efficient_bench import (QualityResult, crossover_table, metric_table,
-                                        quality_at_equal_time, quality_table, train_for)
+from tfm_course.experiments.equal_time import (QualityResult, quality_at_equal_time, quality_table,
+                                               train_for)
+from tfm_course.experiments.scaling import crossover_table, metric_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(length=40, task=dict(num_records=4, num_queries=8, num_keys=8, num_values=4),
@@ -40,8 +42,8 @@ def test_measured_timing_spends_the_budget_in_steps_and_is_reproducible():
 
 
 def test_training_flushes_subnormals_on_a_cpu_and_switches_it_back_off(monkeypatch):
-    import tfm_course.efficient_bench as efficient_bench
-    from tfm_course.efficient_bench import flush_denormals
+    import tfm_course.experiments.equal_time as equal_time
+    from tfm_course.experiments.equal_time import flush_denormals
     tiny = torch.tensor([1e-40])  # subnormal in float32
     assert (tiny * 1.0).item() != 0.0
     with flush_denormals("cpu"):
@@ -50,8 +52,8 @@ def test_training_flushes_subnormals_on_a_cpu_and_switches_it_back_off(monkeypat
     with flush_denormals("meta"):  # not a CPU: nothing changes
         assert (tiny * 1.0).item() != 0.0
     # train_for trains and scores inside the block: record the setting while it scores
-    seen, score = [], efficient_bench.recall_accuracy
-    monkeypatch.setattr(efficient_bench, "recall_accuracy",
+    seen, score = [], equal_time.recall_accuracy
+    monkeypatch.setattr(equal_time, "recall_accuracy",
                         lambda model, batch: seen.append((tiny * 1.0).item()) or score(model, batch))
     assert train_for("linformer", 1.0, seed=0, k=8, steps=2, **SMALL).steps == 2  # SMALL: on the CPU
     assert seen == [0.0] and (tiny * 1.0).item() != 0.0

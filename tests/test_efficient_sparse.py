@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tfm_course.attention import fused_attention, scaled_dot_product_attention
-from tfm_course.bench import count_flops, peak_tensor_bytes
+from tfm_course.experiments.measure import count_flops, peak_tensor_bytes
 from tfm_course.efficient.sparse import (bigbird_mask, density, longformer_mask,
                                          sliding_window_attention, sliding_window_mask)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tfm_course.bench import peak_tensor_bytes, saved_tensor_bytes
+from tfm_course.experiments.measure import peak_tensor_bytes, saved_tensor_bytes
 from tfm_course.efficient.flash import online_softmax_step, tiled_attention
 
 

@@ -9,7 +9,7 @@ import torch
 
 from cuda_helpers import fp32_matmuls, needs_cuda
 from tfm_course.attention import MultiHeadAttention, kv_cache_bytes
-from tfm_course.bench import count_flops
+from tfm_course.experiments.measure import count_flops
 import tfm_course.decoding as decoding
 from tfm_course.decoding import beam_search
 from tfm_course.models.gpt import GPT, CausalSelfAttention, GPTConfig, KVCache, Recompute

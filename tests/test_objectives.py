@@ -1,4 +1,4 @@
-"""tfm_course.objectives: three objectives on the same blocks, matched sizes, counted compute."""
+"""tfm_course.experiments.objectives: three objectives on the same blocks, matched sizes, counted compute."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from tfm_course.device import one_cpu_thread
 from tfm_course.models.t5 import T5
 from tfm_course.models.t5_lm import T5StackLM
 from tfm_course.data.docstring_tasks import CLASS_OR_FUNCTION_LABELS, class_or_function
-from tfm_course.objectives import (OBJECTIVES, Specials, build_model, docstring_kind_pairs, encode_pairs,
-                                   exact_match, masked_per_row, matched_d_ff, mean_features,
-                                   next_token_logits, non_embedding_parameters, pretraining_batch,
-                                   pretraining_loss, random_windows, step_flops, text_to_text_loss,
-                                   token_stream)
+from tfm_course.experiments.objectives import (OBJECTIVES, Specials, build_model, docstring_kind_pairs,
+                                               encode_pairs, exact_match, masked_per_row, matched_d_ff,
+                                               mean_features, next_token_logits,
+                                               non_embedding_parameters, pretraining_batch,
+                                               pretraining_loss, random_windows, step_flops,
+                                               text_to_text_loss, token_stream)
 
 SPECIALS = Specials.after(50, eos=49, n_sentinels=6)
 TINY = dict(d_model=16, num_heads=2, num_layers=2, d_ff=24)

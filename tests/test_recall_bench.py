@@ -1,4 +1,4 @@
-"""tfm_course.recall_bench, tfm_course.generation_bench and tools/bench_recall.py at tiny sizes."""
+"""tfm_course.experiments.recall, tfm_course.experiments.generation and tools/bench_recall.py at tiny sizes."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from tfm_course.data.recall import FILLER, IGNORE, multi_query_recall
-from tfm_course.generation_bench import generation_profile, scan_timings
+from tfm_course.experiments.generation import generation_profile, scan_timings
+from tfm_course.experiments.recall import RecallResult, recall_accuracy, train_recall
 from tfm_course.models.mixer_lm import MixerLM
-from tfm_course.recall_bench import RecallResult, recall_accuracy, train_recall
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,9 +1,14 @@
 """tfm_course: the companion package of tfm-course, an executable course on Transformers.
 
-One module per idea; open any of them and read it top to bottom.
+One module per idea; open any of them and read it top to bottom. What runs experiments (timing,
+benches, harnesses, stored runs) lives in :mod:`tfm_course.experiments`.
 """
 
 import os as _os
+
+from ._moved import install as _install_moved
+
+_install_moved()  # `import tfm_course.bench` and the other old paths say where they went
 
 __version__ = "0.1.0"
 

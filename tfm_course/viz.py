@@ -1,4 +1,5 @@
-"""The plotting helpers every chapter uses, so the whole book has one visual style.
+"""The plotting helpers every chapter uses, so the whole book has one visual style, and
+:func:`markdown_table`, the one way a chapter shows a table of numbers.
 
 Chapter-specific figures are built in the chapter from these pieces; anything two chapters need
 lives here.
@@ -6,7 +7,7 @@ lives here.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -153,3 +154,13 @@ def smooth(values: Sequence[float], weight: float = 0.9) -> np.ndarray:
         avg = weight * avg + (1 - weight) * float(v)
         out.append(avg / (1 - weight**i))
     return np.asarray(out)
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str],
+                   headers: Sequence[str] | None = None) -> str:
+    """A GitHub-style markdown table of ``rows`` (dicts) restricted to ``columns``."""
+    headers = list(headers or columns)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
+    return "\n".join(lines)

@@ -25,11 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tfm_course.bench import sweep  # noqa: E402
 from tfm_course.device import describe, get_device  # noqa: E402
 from tfm_course.efficient.cases import Case, attention_cases  # noqa: E402
-from tfm_course.efficient_bench import (QualityResult, crossover_table, metric_table,  # noqa: E402
-                                        quality_at_equal_time, quality_table)
+from tfm_course.experiments.equal_time import QualityResult, quality_at_equal_time, quality_table  # noqa: E402
+from tfm_course.experiments.scaling import crossover_table, metric_table, sweep  # noqa: E402
 
 QUICK = dict(lengths=[128, 256, 512, 1024], repeats=2, time_cap=1.0, memory_cap=5e8)
 QUALITY_KINDS = ("softmax", "softmax-naive", "window", "linformer", "performer")

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tfm_course.bench import synchronize  # noqa: E402
+from tfm_course.experiments.measure import synchronize  # noqa: E402
 from tfm_course.device import describe, get_device  # noqa: E402
 from tfm_course.models.gpt import GPT, GPTConfig  # noqa: E402
 

@@ -5,7 +5,7 @@
     python tools/bench_recall.py --settings 64:4,128:8 --mixers attention,mamba --seeds 3
 
 Trains ``tfm_course.models.mixer_lm.MixerLM`` with each mixer (attention, performer, retnet, mamba,
-hybrid) on MQAR at each (length, pairs) setting and seed (``tfm_course.recall_bench.train_recall``),
+hybrid) on MQAR at each (length, pairs) setting and seed (``tfm_course.experiments.recall.train_recall``),
 and writes into ``--out``:
 
 * ``bench_recall.json`` — the command, the machine and one record per run (rewritten after every
@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from tfm_course.device import describe, get_device  # noqa: E402
 from tfm_course.models.mixer_lm import MIXERS  # noqa: E402
-from tfm_course.recall_bench import train_recall  # noqa: E402
+from tfm_course.experiments.recall import train_recall  # noqa: E402
 
 CPU = dict(settings="64:4,128:8,256:16", seeds=2, steps=1500, batch_size=64, time_limit_s=120.0,
            workers=1)

@@ -11,7 +11,7 @@
   drop-in non-causal self-attention layer;
 * :mod:`~tfm_course.efficient.cases` — every method's mixing step, for timing and memory sweeps.
 
-Each module reads on its own; :mod:`tfm_course.bench` measures them side by side.
+Each module reads on its own; :mod:`tfm_course.experiments.scaling` measures them side by side.
 """
 
 from .flash import online_softmax_step, tiled_attention

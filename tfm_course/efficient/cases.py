@@ -1,7 +1,7 @@
 """The token-mixing operations of every method, on equal footing, for timing and memory sweeps.
 
     cases = attention_cases(heads=4, d_head=32, device=device)
-    rows = tfm_course.bench.sweep(cases, lengths=[256, 512, 1024])
+    rows = tfm_course.experiments.scaling.sweep(cases, lengths=[256, 512, 1024])
 
 Every case maps a length n to ``run()``, the forward pass of one method on fresh inputs of that
 length (inputs require grad, so a sweep can time the backward pass too). All get the same per-head

@@ -30,12 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .bench import count_flops
-from .data.docstring_tasks import CLASS_OR_FUNCTION_LABELS, class_or_function
-from .data.mlm import IGNORE, mask_tokens
-from .data.span_corruption import span_corrupt_batch
-from .models.t5 import T5, T5Config, shift_right
-from .models.t5_lm import T5StackLM
+from ..data.docstring_tasks import CLASS_OR_FUNCTION_LABELS, class_or_function
+from ..data.mlm import IGNORE, mask_tokens
+from ..data.span_corruption import span_corrupt_batch
+from ..models.t5 import T5, T5Config, shift_right
+from ..models.t5_lm import T5StackLM
+from .measure import count_flops
 
 __all__ = ["OBJECTIVES", "Specials", "token_stream", "random_windows", "matched_d_ff", "build_model",
            "non_embedding_parameters", "pretraining_batch", "pretraining_loss", "masked_per_row", "step_flops",
@@ -199,7 +199,7 @@ def masked_per_row(length: int, p: float = 0.15) -> int:
 def step_flops(objective: str, model: nn.Module, batch: tuple[Tensor, Tensor], specials: Specials,
                noise_density: float = 0.15) -> int:
     """Matmul FLOPs of one training step's forward and backward pass
-    (:func:`tfm_course.bench.count_flops`); the gradients it leaves are zeroed."""
+    (:func:`tfm_course.experiments.measure.count_flops`); the gradients it leaves are zeroed."""
     flops = count_flops(lambda: pretraining_loss(objective, model, batch, specials,
                                                  noise_density).backward())
     model.zero_grad(set_to_none=True)

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .data.recall import IGNORE, multi_query_recall
-from .device import by_device, get_device
-from .models.mixer_lm import MixerLM
-from .train import train, warmup_cosine
+from ..data.recall import IGNORE, multi_query_recall
+from ..device import by_device, get_device
+from ..models.mixer_lm import MixerLM
+from ..train import train, warmup_cosine
 
 __all__ = ["RecallResult", "recall_accuracy", "train_recall"]
 

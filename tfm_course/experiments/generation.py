@@ -17,9 +17,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from .bench import synchronize, time_fn
-from .efficient.mamba import selective_scan
-from .models.mixers import tensor_bytes
+from ..efficient.mamba import selective_scan
+from ..models.mixers import tensor_bytes
+from .measure import synchronize, time_fn
 
 __all__ = ["generation_profile", "scan_timings"]
 

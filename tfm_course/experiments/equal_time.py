@@ -1,6 +1,4 @@
-"""Quality at equal training time, and the tables of the time/memory sweep.
-
-Quality: each attention variant trained for the same seconds.
+"""Quality at equal training time: each attention variant trained for the same seconds.
 
     results = quality_at_equal_time(["softmax", "window", "linformer", "performer"], seconds=5)
     [(r.attention, r.steps, r.accuracy) for r in results]
@@ -25,9 +23,8 @@ flush subnormal floats to zero (:func:`flush_denormals`): without it, Linformer'
 slowed down about threefold after a few dozen steps (30 → 90 ms of CPU time at n = 256) while its
 budget was computed from the fast steps, so it silently got more compute than the others.
 
-Tables (markdown, for a notebook's ``display(Markdown(...))`` or a file): :func:`metric_table` and
-:func:`crossover_table` turn the rows of :func:`tfm_course.bench.sweep` into methods × lengths
-tables; :func:`quality_table` summarises :func:`quality_at_equal_time` per method.
+:func:`quality_table` summarises :func:`quality_at_equal_time` per method as a markdown table
+(the time / memory sweep's tables are in :mod:`tfm_course.experiments.scaling`).
 """
 
 from __future__ import annotations
@@ -42,14 +39,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bench import crossover, loglog_slope, time_fn
-from .data.scattered_recall import IGNORE, ScatteredRecallBatch, scattered_recall
-from .device import get_device, one_cpu_thread
-from .models.recall_classifier import RecallClassifier
-from .train import train
+from ..data.scattered_recall import IGNORE, ScatteredRecallBatch, scattered_recall
+from ..device import get_device, one_cpu_thread
+from ..models.recall_classifier import RecallClassifier
+from ..train import train
+from .measure import time_fn
 
 __all__ = ["QualityResult", "recall_accuracy", "train_for", "quality_at_equal_time", "TASK",
-           "metric_table", "crossover_table", "quality_table", "flush_denormals"]
+           "quality_table", "flush_denormals"]
 
 # with length = n. Every key is a record's (num_keys = num_records) and lr = 6e-3: softmax
 # attention then learns n = 256 in about 75 steps (about 200 with 64 keys and lr = 3e-3)
@@ -190,64 +187,6 @@ def quality_at_equal_time(attentions: Sequence[str], seconds: float, seeds: Sequ
                           **options) -> list[QualityResult]:
     """:func:`train_for` every attention kind with every seed, the same ``seconds`` each."""
     return [train_for(kind, seconds, seed=seed, **options) for kind in attentions for seed in seeds]
-
-
-# --------------------------------------------------------------------------- tables
-def metric_table(rows: Sequence[dict], key: str, fmt: Callable, title: str | None = None) -> str:
-    """Methods as rows, lengths as columns, plus the log–log slope over the measured lengths.
-
-    ``rows`` come from :func:`tfm_course.bench.sweep`; ``key`` is one of its measurements
-    (``"train_s"``, ``"peak_bytes"``, ...) and ``fmt`` formats one value (None = not measured).
-    """
-    lengths = sorted({r["n"] for r in rows})
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    lines = [f"### {title}", ""] if title else []
-    lines += ["| method | " + " | ".join(str(n) for n in lengths) + " | slope |",
-              "|---|" + "---:|" * (len(lengths) + 1)]
-    for m in methods:
-        mine = {r["n"]: r for r in rows if r["method"] == m}
-        cells = []
-        for n in lengths:
-            r = mine.get(n)
-            cells.append(r["skipped"] if r and r["skipped"] else fmt(r[key] if r else None))
-        slope = loglog_slope(lengths, [mine[n][key] if n in mine else None for n in lengths])
-        cells.append("—" if slope is None else f"{slope:.2f}")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def crossover_table(rows: Sequence[dict], key: str, baselines: Sequence[str],
-                    title: str | None = None) -> str:
-    """From which length each method is cheaper than each baseline (log–log interpolation,
-    :func:`tfm_course.bench.crossover`): a length, "always (≥ n)" or "never (≤ n)"."""
-    lengths = sorted({r["n"] for r in rows})
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-
-    def series(m: str) -> list[float | None]:
-        mine = {r["n"]: r[key] for r in rows if r["method"] == m}
-        return [mine.get(n) for n in lengths]
-
-    lines = [f"### {title}", ""] if title else []
-    lines += ["| method | " + " | ".join(f"vs {b}" for b in baselines) + " |",
-              "|---|" + "---:|" * len(baselines)]
-    for m in methods:
-        if m in baselines:
-            continue
-        cells = []
-        for b in baselines:
-            a_ys, b_ys = series(m), series(b)
-            shared = [n for n, a, c in zip(lengths, a_ys, b_ys) if a is not None and c is not None]
-            x = crossover(lengths, a_ys, b_ys)
-            if not shared:
-                cells.append("no shared length")
-            elif x is None:
-                cells.append(f"never (≤ {shared[-1]})")
-            elif x == shared[0]:
-                cells.append(f"always (≥ {shared[0]})")
-            else:
-                cells.append(f"{x:.0f}")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def quality_table(results: Sequence[QualityResult]) -> str:
