@@ -179,6 +179,67 @@ def test_mask_tokens_rejects(kwargs, message, capsys):
     rejects(ch07.check_mask_tokens, wrong_masking(**kwargs), message, capsys)
 
 
+# --------------------------------------------------------------------------- whole words
+def whole_words_package(ids, special_mask, word_starts, p=0.15, generator=None):
+    return mask_tokens(ids, special_mask, len(word_starts), 3, p=p, generator=generator,
+                       word_starts=word_starts)[1] != -100
+
+
+def whole_words_by_hand(ids, special_mask, word_starts, p=0.15, generator=None, first_only=False,
+                        stop_at_misfit=False, overshoot=False, left_to_right=False, no_reset=False):
+    """The chapter's solution, with switches for typical mistakes."""
+    chosen = torch.zeros_like(special_mask)
+    for row in range(ids.shape[0]):
+        words, current = [], None
+        for t in range(ids.shape[1]):
+            if special_mask[row, t]:
+                current = None if not no_reset else current
+            elif current is None or word_starts[ids[row, t]]:
+                current = [t]
+                words.append(current)
+            else:
+                current.append(t)
+        n = int((~special_mask[row]).sum())
+        left = min(n, max(1, round(p * n)))
+        order = range(len(words)) if left_to_right else torch.randperm(len(words), generator=generator).tolist()
+        for w in order:
+            if len(words[w]) <= left or (overshoot and left > 0):
+                chosen[row, words[w][:1] if first_only else words[w]] = True
+                left -= len(words[w])
+            elif stop_at_misfit:
+                break
+    return chosen
+
+
+def every_token_a_word(ids, special_mask, word_starts, p=0.15, generator=None):
+    return mask_tokens(ids, special_mask, len(word_starts), 3, p=p, generator=generator)[1] != -100
+
+
+def with_specials(ids, special_mask, word_starts, p=0.15, generator=None):
+    return whole_words_package(ids, special_mask, word_starts, p, generator) | (ids == 1)  # [CLS] too
+
+
+@pytest.mark.parametrize("fn", [whole_words_package, whole_words_by_hand], ids=["package", "by hand"])
+def test_whole_word_mask_accepts(fn, capsys):
+    accepts(ch07.check_whole_word_mask, fn, capsys)
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda *a, **k: whole_words_by_hand(*a, **k, first_only=True), "only the first piece"),
+    (every_token_a_word, "treat every token as a word"),
+    (with_specials, "special positions"),
+    (lambda *a, **k: whole_words_by_hand(*a, **k, overshoot=True), "more than its budget"),
+    (lambda *a, **k: whole_words_by_hand(*a, **k, stop_at_misfit=True), "although it fits"),
+    (lambda *a, **k: whole_words_by_hand(*a, **k, left_to_right=True), "random order"),
+    (lambda *a, **k: whole_words_by_hand(*a, **k, no_reset=True), "a word ends at a special token"),
+    (lambda ids, special, starts, p=0.15, generator=None: whole_words_package(ids, special, starts, p).long(),
+     "bool tensor"),
+], ids=["first piece only", "every token a word", "specials", "overshoot", "stops at a misfit",
+        "left to right", "word crosses a special", "not bool"])
+def test_whole_word_mask_rejects(fn, message, capsys):
+    rejects(ch07.check_whole_word_mask, fn, message, capsys)
+
+
 # --------------------------------------------------------------------------- MLM decoder
 def decoder_package(hidden, dense, norm, embedding, bias):
     config = BertConfig(vocab_size=embedding.num_embeddings, d_model=embedding.embedding_dim,
@@ -200,7 +261,7 @@ def test_mlm_decoder_accepts(fn, capsys):
     (lambda h, dense, norm, emb, b: h @ emb.weight.T + b, "transform is skipped"),
     (lambda h, dense, norm, emb, b: norm(dense(h)) @ emb.weight.T + b, "GELU is missing"),
     (lambda h, dense, norm, emb, b: norm(F.gelu(dense(h), approximate="tanh")) @ emb.weight.T + b,
-     "tanh approximation"),
+     "tanh approximation of GELU: the original BERT code used it"),
     (lambda h, dense, norm, emb, b: F.gelu(norm(dense(h))) @ emb.weight.T + b, "dense → GELU → LayerNorm"),
     (lambda h, dense, norm, emb, b: norm(F.gelu(dense(h))) @ emb.weight.T, "output bias is missing"),
     (lambda h, dense, norm, emb, b: (norm(F.gelu(dense(h))) @ emb.weight.T + b).softmax(-1),

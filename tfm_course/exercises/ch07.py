@@ -5,6 +5,7 @@
 >>> ch07.check_pair(my_pair)                 # fn(a, b, cls_id, sep_id) -> (ids, segment_ids)
 >>> ch07.check_attention_mask(my_mask)       # fn(ids, pad_id) -> bool, broadcasts to (b, h, s, s)
 >>> ch07.check_mask_tokens(my_mask_tokens)   # fn(ids, special_mask, vocab_size, mask_id, p, generator)
+>>> ch07.check_whole_word_mask(my_choice)     # fn(ids, special_mask, word_starts, p, generator) -> bool
 >>> ch07.check_mlm_decoder(my_decoder)       # fn(hidden, dense, norm, embedding, bias) -> logits
 
 Each prints what is wrong in words and returns True or False; none raises because of your answer.
@@ -24,7 +25,7 @@ from ..models.bert import Bert, BertConfig
 from ._checking import Failed, attempt, compare_with_mistakes, expect_tensor, run_checks, seeded
 
 __all__ = ["check_bert_input", "check_pair", "check_attention_mask", "check_mask_tokens",
-           "check_mlm_decoder"]
+           "check_whole_word_mask", "check_mlm_decoder"]
 
 IGNORE = -100
 
@@ -293,6 +294,124 @@ def check_mask_tokens(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     ])
 
 
+# --------------------------------------------------------------------------- whole words
+def _words(ids: Tensor, special: Tensor, table: Tensor) -> list[list[list[int]]]:
+    """Per row, its words as lists of positions: a start and the ordinary tokens after it."""
+    rows = []
+    for row_ids, row_special in zip(ids.tolist(), special.tolist()):
+        words: list[list[int]] = []
+        current = None
+        for t, (i, s) in enumerate(zip(row_ids, row_special)):
+            if s:
+                current = None
+            elif current is None or bool(table[i]):
+                current = [t]
+                words.append(current)
+            else:
+                current.append(t)
+        rows.append(words)
+    return rows
+
+
+def _check_whole_words(ids: Tensor, special: Tensor, table: Tensor, chosen: Tensor, p: float) -> None:
+    if (chosen & special).any():
+        raise Failed("special positions ([CLS], [SEP], padding: special_mask True) were chosen; "
+                     "a special token is never part of a word")
+    n_real = (~special).sum(1)
+    k = torch.round(p * n_real).clamp(min=1).minimum(n_real)
+    all_words = _words(ids, special, table)
+    partial = [(row, word) for row, words in enumerate(all_words) for word in words
+               if chosen[row, word].any() and not chosen[row, word].all()]
+    if partial:
+        row, word = partial[0]
+        if any(not chosen[r, w[0]] for r, w in partial):
+            raise Failed(f"row {row}: the word at positions {word} was chosen in part (pieces without "
+                         "their start): did you treat every token as a word? Group a start "
+                         "(word_starts[id] True, a row's first token, a token after a special one) "
+                         "with the tokens that follow it, and choose them together")
+        if all(not chosen[r, w[1:]].any() for r, w in partial):
+            raise Failed(f"row {row}: only the first piece of the word at positions {word} was "
+                         "chosen; a word is its start and every token after it up to the next "
+                         "start, and all of them are chosen together")
+        raise Failed(f"row {row}: the word at positions {word} was chosen in part; choose all its "
+                     "tokens or none")
+    for row, words in enumerate(all_words):
+        n = int(chosen[row].sum())
+        if n > int(k[row]):
+            raise Failed(f"row {row}: {n} tokens chosen, more than its budget k = max(1, round(p · n)) "
+                         f"= {int(k[row])} tokens; skip a word that does not fit")
+        left = int(k[row]) - n
+        for word in words:
+            if not chosen[row, word].any() and len(word) <= left:
+                raise Failed(f"row {row}: {left} tokens of the budget are left, and the word at "
+                             f"positions {word} ({len(word)} tokens) was not chosen although it fits; "
+                             "skip only the words that do not fit, and go on with the next")
+
+
+def check_whole_word_mask(fn: Callable[..., Tensor]) -> bool:
+    """``fn(ids, special_mask, word_starts, p=0.15, generator=None) -> chosen``, bool ``(batch, seq)``.
+
+    ``word_starts`` is a bool table ``(vocab,)``: True for the ids that begin a word. A word is a
+    start (an id marked in the table, a row's first token, a token right after a special one) and
+    the ordinary tokens after it up to the next start. Each row's budget is
+    ``k = max(1, round(p · n))`` of its ``n`` non-special tokens; its words are taken in a random
+    order (drawn with ``generator``), each chosen whole if it fits in what is left of ``k``.
+    """
+
+    def data(seed: int, batch: int, seq: int) -> tuple[Tensor, Tensor, Tensor]:
+        ids, special = _mask_batch(batch, seq, seq // 2, seq, seed)
+        g = seeded(seed + 100)
+        table = torch.rand(VOCAB, generator=g) < 0.5
+        table[:4] = True
+        return ids, special, table
+
+    def run(ids: Tensor, special: Tensor, table: Tensor, p: float, seed: int) -> Tensor:
+        got = attempt(fn, ids.clone(), special.clone(), table.clone(), p=p, generator=seeded(seed))
+        got = expect_tensor(got, ids, "chosen").cpu()
+        if got.dtype != torch.bool:
+            raise Failed(f"return a bool tensor, True at the chosen positions; got {got.dtype}")
+        return got
+
+    def case(seed: int, batch: int, seq: int, p: float) -> Callable[[], None]:
+        def check() -> None:
+            ids, special, table = data(seed, batch, seq)
+            _check_whole_words(ids, special, table, run(ids, special, table, p, seed), p)
+        return check
+
+    def after_special() -> None:
+        ids = torch.tensor([[CLS, 10, 11, SEP, 12, 13, SEP, PAD]])
+        special = ids <= SEP
+        table = torch.zeros(VOCAB, dtype=torch.bool)  # no id begins a word: only positions do
+        table[:4] = True
+        for seed in range(20):
+            try:
+                _check_whole_words(ids, special, table, run(ids, special, table, 0.5, seed), 0.5)
+            except Failed as problem:
+                raise Failed(f"{problem}. Here no id begins a word, so the words are [10, 11] after "
+                             "[CLS] and [12, 13] after [SEP]: a word ends at a special token, and the "
+                             "token after one begins a new word") from None
+
+    def random_order() -> None:
+        ids, special, table = data(7, 64, 32)
+        draws = [run(ids, special, table, 0.15, seed) for seed in range(30)]
+        if all(torch.equal(draws[0], d) for d in draws[1:]):
+            raise Failed("every generator seed gave the same choice: draw the order of the words "
+                         "at random (torch.randperm or torch.rand with generator=generator)")
+        often = torch.stack(draws).float().mean(0)[~special]
+        first = torch.zeros_like(special)
+        first[:, 1] = True
+        if (often[first[~special]] > 0.9).all():
+            raise Failed("the first word of every row is almost always chosen: take the words in a "
+                         "random order, not left to right")
+
+    return run_checks("whole-word masking", [
+        ("64 rows of up to 32 tokens, p = 0.15", case(0, 64, 32, 0.15)),
+        ("64 rows, p = 0.4", case(1, 64, 32, 0.4)),
+        ("a word starts after [CLS] and [SEP]", after_special),
+        ("the words are drawn in a random order", random_order),
+    ])
+
+
 # --------------------------------------------------------------------------- MLM decoder
 def check_mlm_decoder(fn: Callable[..., Tensor]) -> bool:
     """``fn(hidden, dense, norm, embedding, bias) -> logits (batch, seq, vocab)``.
@@ -319,8 +438,9 @@ def check_mlm_decoder(fn: Callable[..., Tensor]) -> bool:
                      "LayerNorm before scoring against the embeddings"),
                     (lambda: norm(h) @ E.T + bias, "the GELU is missing: norm(GELU(dense(hidden)))"),
                     (lambda: norm(F.gelu(h, approximate="tanh")) @ E.T + bias,
-                     "that is the tanh approximation of GELU; BERT's 'gelu' is the exact, erf-based "
-                     "one (F.gelu's default)"),
+                     "that is the tanh approximation of GELU: the original BERT code used it, but "
+                     "this course's BERT, like Hugging Face's hidden_act='gelu', uses the exact, "
+                     "erf-based one (F.gelu's default)"),
                     (lambda: norm(F.relu(h)) @ E.T + bias, "ReLU instead of GELU"),
                     (lambda: F.gelu(norm(h)) @ E.T + bias, "the order is dense → GELU → LayerNorm"),
                     (lambda: F.gelu(h) @ E.T + bias, "the LayerNorm is missing: norm(GELU(dense(hidden)))"),
