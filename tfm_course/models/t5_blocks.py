@@ -8,8 +8,6 @@ language model built from the same parts, which is how the T5 paper compares arc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -17,9 +15,7 @@ from torch import Tensor, nn
 from ..attention import merge_heads, split_heads
 from ..layers import FeedForward, RMSNorm
 from ..positional import T5RelativeBias
-
-if TYPE_CHECKING:
-    from .t5 import T5Config
+from .t5_config import T5Config
 
 __all__ = ["LOWEST", "attention_bias", "causal_mask_last", "prefix_lm_mask", "T5Attention",
            "GatedGELU", "BlockCache", "T5Block", "T5Stack"]

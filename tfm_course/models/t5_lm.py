@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .t5 import T5Config, _check_ids, init_t5_weights
+from .t5 import _check_ids, init_t5_weights
 from .t5_blocks import T5Stack
+from .t5_config import T5Config
 
 __all__ = ["T5StackLM", "stack_lm_mask"]
 
