@@ -1,12 +1,12 @@
 """Let ``pytest --nbval`` execute the chapters as a Colab reader gets them.
 
 nbval collects the generated Colab copies ``chapters/NN-slug.ipynb`` (the files the book's Colab
-button opens; ``tools/colab_notebooks.py`` writes them from the ``.md`` sources, and a test fails
+button opens; ``tools/book/colab_notebooks.py`` writes them from the ``.md`` sources, and a test fails
 when one is stale). The ``.md`` sources are not collected, so each chapter runs once.
 
 A Colab copy stores no outputs, so nbval only checks that its cells run. Cells marked
 ``# NBVAL_CHECK_OUTPUT`` get their reviewed outputs from ``tests/expected_outputs/`` (see
-``tools/expected_outputs.py``) when nbval reads the notebook, and nbval compares those.
+``tools/book/expected_outputs.py``) when nbval reads the notebook, and nbval compares those.
 
 At the end of a run with notebooks, a table gives each chapter's execution time (the sum of its
 cells), the figure the 90-second budget is about.
@@ -45,8 +45,8 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @functools.cache
 def _expected_outputs():
-    """tools/expected_outputs.py, loaded once (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("expected_outputs", ROOT / "tools" / "expected_outputs.py")
+    """tools/book/expected_outputs.py, loaded once (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("expected_outputs", ROOT / "tools" / "book" / "expected_outputs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

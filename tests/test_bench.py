@@ -171,7 +171,7 @@ def test_markdown_table():
 
 
 def test_bench_efficient_script_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_efficient", ROOT / "tools" / "bench_efficient.py")
+    spec = importlib.util.spec_from_file_location("bench_efficient", ROOT / "tools" / "bench" / "bench_efficient.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     cases = module.build_cases(batch=1, heads=2, d_head=4, num_features=8, linformer_k=8, chunk_size=8,

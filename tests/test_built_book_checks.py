@@ -1,4 +1,4 @@
-"""The checks CI runs on the built book (tools/check_built_book.py) catch what they are for."""
+"""The checks CI runs on the built book (tools/book/check_built_book.py) catch what they are for."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "book"))
 import check_built_book as check  # noqa: E402
 
 sys.path.pop(0)

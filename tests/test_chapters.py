@@ -76,13 +76,13 @@ def test_every_chapter_is_in_the_toc_and_vice_versa():
 
 
 def test_colab_notebooks_are_in_sync():
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "book"))
     try:
         from colab_notebooks import stale_notebooks
     finally:
         sys.path.pop(0)
     stale = stale_notebooks()
-    assert not stale, f"regenerate with `python tools/colab_notebooks.py`: {stale}"
+    assert not stale, f"regenerate with `python tools/book/colab_notebooks.py`: {stale}"
 
 
 def test_colab_notebooks_have_no_outputs():
@@ -110,7 +110,7 @@ def test_nbval_collects_the_colab_copies_and_not_the_md_sources():
 
 
 def _expected_outputs():
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "book"))
     try:
         import expected_outputs
     finally:
@@ -126,7 +126,7 @@ def test_cells_marked_check_output_have_a_current_record(path):
     assert marked, f"{path.name}: mark at least one deterministic key-result cell # NBVAL_CHECK_OUTPUT"
     assert marked == recorded, (
         f"{path.name}: {len(marked - recorded)} marked cell(s) without a record, "
-        f"{len(recorded - marked)} stale record(s): run `python tools/expected_outputs.py {path.relative_to(ROOT)}` "
+        f"{len(recorded - marked)} stale record(s): run `python tools/book/expected_outputs.py {path.relative_to(ROOT)}` "
         "and review the diff")
     for key, record in eo.load(path).items():
         assert record["outputs"], f"{path.name}: the marked cell {record['source'][1:]} prints nothing to compare"
@@ -158,8 +158,9 @@ def test_nbval_compares_a_marked_cell_and_catches_a_changed_output(tmp_path):
                        + "```{code-cell} ipython3\n# NBVAL_CHECK_OUTPUT\nprint(6 * 7)\n```\n")
     jupytext.write(jupytext.read(chapter), chapter.with_suffix(".ipynb"))  # its "Colab copy"
     (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
-    (tmp_path / "tools").mkdir()
-    (tmp_path / "tools" / "expected_outputs.py").write_text((ROOT / "tools" / "expected_outputs.py").read_text())
+    (tmp_path / "tools" / "book").mkdir(parents=True)
+    (tmp_path / "tools" / "book" / "expected_outputs.py").write_text(
+        (ROOT / "tools" / "book" / "expected_outputs.py").read_text())
     key = eo.cell_key("# NBVAL_CHECK_OUTPUT\nprint(6 * 7)")
     records = tmp_path / "tests" / "expected_outputs"
     records.mkdir(parents=True)

@@ -1,6 +1,6 @@
 """The Colab copies read as plain Markdown, and a chapter imports only what a Colab reader has.
 
-`tools/myst_to_markdown.py` turns the MyST of the chapters' prose into plain Markdown; these
+`tools/book/myst_to_markdown.py` turns the MyST of the chapters' prose into plain Markdown; these
 tests pin each rewrite, check that no generated notebook keeps a MyST role or directive, and read
 every chapter's imports.
 """
@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.md"))
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "book"))
 import myst_to_markdown as m2m  # noqa: E402
 
 sys.path.pop(0)

@@ -1,5 +1,5 @@
 """Quality at equal training time (tfm_course.experiments.equal_time), the sweep tables
-(tfm_course.experiments.scaling) and tools/bench_efficient.py's modes."""
+(tfm_course.experiments.scaling) and tools/bench/bench_efficient.py's modes."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ SMALL = dict(length=40, task=dict(num_records=4, num_queries=8, num_keys=8, num_
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_efficient", ROOT / "tools" / "bench_efficient.py")
+    spec = importlib.util.spec_from_file_location("bench_efficient", ROOT / "tools" / "bench" / "bench_efficient.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -340,13 +340,18 @@ def test_on_cuda_a_training_step_under_autocast_is_finite():
 
 # --------------------------------------------------------------------------- stored seed sweep
 def test_stored_tokenizer_seed_sweep_is_complete():
-    """tools/sweep_gpt_seeds.py's stored runs (chapter 8 loads them): both tokenizers, the same
+    """tools/runs/sweep_gpt_seeds.py's stored runs (chapter 8 loads them): both tokenizers, the same
     seeds, one record per run, plausible bits per byte."""
     from tfm_course.results import available, load_result
 
     assert "gpt_tokenizer_seeds_cpu" in available()
     report = load_result("gpt_tokenizer_seeds_cpu")
-    assert report["command"].startswith("python tools/sweep_gpt_seeds.py")
+    from pathlib import Path
+
+    # the command as it was run: runs stored before the tool moved to tools/runs/ name its old path
+    assert report["command"].startswith(("python tools/runs/sweep_gpt_seeds.py",
+                                          "python tools/sweep_gpt_seeds.py"))
+    assert (Path(__file__).resolve().parents[1] / "tools" / "runs" / "sweep_gpt_seeds.py").is_file()
     assert "thread" in report["machine"] and "torch" in report["machine"]
     seeds = {name: sorted(r["seed"] for r in report["records"] if r["tokenizer"] == name)
              for name in ("characters", "BPE")}

@@ -1,4 +1,4 @@
-"""tfm_course.experiments.recall, tfm_course.experiments.generation and tools/bench_recall.py at tiny sizes."""
+"""tfm_course.experiments.recall, tfm_course.experiments.generation and tools/runs/bench_recall.py at tiny sizes."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def test_scan_timings_rows():
 
 
 def _load_tool():
-    spec = importlib.util.spec_from_file_location("bench_recall", ROOT / "tools" / "bench_recall.py")
+    spec = importlib.util.spec_from_file_location("bench_recall", ROOT / "tools" / "runs" / "bench_recall.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -134,7 +134,7 @@ def test_bench_recall_script_writes_table_json_and_figure(tmp_path, capsys):
                "--steps", "2", "--vocab-size", "16", "--d-model", "16", "--out", str(tmp_path),
                "--device", "cpu"])
     printed = capsys.readouterr().out
-    assert "command: python tools/bench_recall.py --settings 12:2,15:3" in printed and "machine: cpu" in printed
+    assert "command: python tools/runs/bench_recall.py --settings 12:2,15:3" in printed and "machine: cpu" in printed
     report = json.loads((tmp_path / "bench_recall.json").read_text())
     assert len(report["records"]) == 2 * 2 * 2 and report["machine"].startswith("cpu")
     assert "1 thread per run" in report["machine"]  # the threads the runs used, not the notebook's

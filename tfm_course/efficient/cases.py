@@ -7,7 +7,7 @@ Every case maps a length n to ``run()``, the forward pass of one method on fresh
 length (inputs require grad, so a sweep can time the backward pass too). All get the same per-head
 width: ``(batch, heads, n, d_head)`` queries, keys and values for the attention-like methods, and
 ``d_inner = heads · d_head`` channels with ``d_state`` states for Mamba's scan. Only the mixing is
-measured: no projections, no feed-forward. ``tools/bench_efficient.py`` prints the tables.
+measured: no projections, no feed-forward. ``tools/bench/bench_efficient.py`` prints the tables.
 """
 
 from __future__ import annotations

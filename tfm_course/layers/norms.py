@@ -13,7 +13,7 @@ class LayerNorm(nn.Module):
     The variance is the *biased* one (divide by d, not d − 1), as in PyTorch. ``fused=True`` (the
     default) computes it with PyTorch's one-kernel ``F.layer_norm``; ``fused=False`` runs the
     formula written out below: six tensor operations and as many again backward, which made each
-    training step of a small GPT on the CPU about 10% longer (``tools/bench_gpt.py``).
+    training step of a small GPT on the CPU about 10% longer (``tools/bench/bench_gpt.py``).
     """
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True, fused: bool = True) -> None:

@@ -85,7 +85,7 @@ class CausalSelfAttention(nn.Module):
     (chapter 8 asserts it), except that **one** ``(d_model -> 3·d_model)`` layer, ``qkv``, makes
     the queries, keys and values: the three projection matrices stacked, as GPT-2's ``c_attn``
     and nanoGPT store them. One matrix multiply instead of three, forward and backward, is what
-    lets this GPT train as fast as nanoGPT's (``tools/bench_gpt.py``). ``is_causal=True`` lets
+    lets this GPT train as fast as nanoGPT's (``tools/bench/bench_gpt.py``). ``is_causal=True`` lets
     PyTorch's fused kernel (FlashAttention on a recent GPU) skip the masked half of the scores
     without ever reading a ``(T, T)`` mask.
     """

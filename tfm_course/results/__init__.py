@@ -1,7 +1,7 @@
 """Benchmark results measured once by a tool and stored with the package, so that a chapter can
 plot a run that is too long to repeat every time the book is built.
 
-    report = load_result("bench_recall_cpu")   # the JSON written by tools/bench_recall.py
+    report = load_result("bench_recall_cpu")   # the JSON written by tools/runs/bench_recall.py
 
 Each file is the tool's own output, unchanged: it names the command that produced it and the
 machine it ran on, and the chapter that shows it prints both on the figure.

@@ -1,7 +1,7 @@
 """The naive byte-level BPE trainer (minbpe's style): recount every pair before every merge.
 
 Kept as the readable reference that the fast trainer (:mod:`.bpe_train`) must match merge for
-merge, and as the baseline of ``tools/bench_bpe.py``. Each merge costs a pass over the whole
+merge, and as the baseline of ``tools/bench/bench_bpe.py``. Each merge costs a pass over the whole
 pre-tokenised text, so training V − 256 merges on N bytes costs about (V − 256) · N steps: fine
 for a paragraph, minutes to hours for a corpus. Same pre-tokenisation, same tie-break (most
 frequent pair, then the lexicographically greater pair of byte strings), same reuse of an

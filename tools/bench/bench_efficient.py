@@ -1,8 +1,8 @@
 """Measure softmax attention against its efficient variants as the sequence length doubles.
 
-    python tools/bench_efficient.py --out bench_efficient.md
-    python tools/bench_efficient.py --quick        # CI size: n = 128..1024, about a minute on a CPU
-    python tools/bench_efficient.py --quality 5    # accuracy after 5 s of training per method
+    python tools/bench/bench_efficient.py --out bench_efficient.md
+    python tools/bench/bench_efficient.py --quick        # CI size: n = 128..1024, about a minute on a CPU
+    python tools/bench/bench_efficient.py --quality 5    # accuracy after 5 s of training per method
 
 Every method gets the same per-head width: (batch, heads, n, d_head) queries, keys and values for
 the attention-like ones, and d_inner = heads · d_head channels with N = 16 states for Mamba's scan.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -3,9 +3,9 @@
 * every chapter page exists, and its Colab button opens the chapter's ``.ipynb``;
 * every chapter page shows at least ``MIN_FIGURES`` executed figures;
 * no page loads a script or a style sheet from another host (MathJax included: it is served
-  from ``_static/mathjax``, see ``tools/vendor_mathjax.py``), so the book works offline.
+  from ``_static/mathjax``, see ``tools/book/vendor_mathjax.py``), so the book works offline.
 
-    python tools/check_built_book.py [_build/html]     # prints the problems; exit 1 if any
+    python tools/book/check_built_book.py [_build/html]     # prints the problems; exit 1 if any
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MIN_FIGURES = 3
 SCRIPT = re.compile(r"<script\b[^>]*\bsrc=[\"']([^\"']+)[\"']", re.I)
 STYLESHEET = re.compile(r"<link\b[^>]*\brel=[\"']stylesheet[\"'][^>]*>", re.I)
@@ -37,7 +37,7 @@ def remote_loads(html: str) -> list[str]:
 def problems(html_dir: Path, chapters: list[Path]) -> list[str]:
     found = []
     if not (html_dir / "_static" / "mathjax" / "tex-chtml.js").exists():
-        found.append("_static/mathjax/tex-chtml.js is missing: run python tools/vendor_mathjax.py before building")
+        found.append("_static/mathjax/tex-chtml.js is missing: run python tools/book/vendor_mathjax.py before building")
     for page in sorted(html_dir.rglob("*.html")):
         for url in remote_loads(page.read_text(encoding="utf-8", errors="replace")):
             found.append(f"{page.relative_to(html_dir)} loads {url} from another host")

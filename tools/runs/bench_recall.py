@@ -1,8 +1,8 @@
 """Multi-query associative recall (MQAR) across sequence mixers at about equal parameter count.
 
-    python tools/bench_recall.py --quick                 # CI size: (64, 4), one seed, seconds per run
-    python tools/bench_recall.py                         # full size for this device (GPU: more)
-    python tools/bench_recall.py --settings 64:4,128:8 --mixers attention,mamba --seeds 3
+    python tools/runs/bench_recall.py --quick                 # CI size: (64, 4), one seed, seconds per run
+    python tools/runs/bench_recall.py                         # full size for this device (GPU: more)
+    python tools/runs/bench_recall.py --settings 64:4,128:8 --mixers attention,mamba --seeds 3
 
 Trains ``tfm_course.models.mixer_lm.MixerLM`` with each mixer (attention, performer, retnet, mamba,
 hybrid) on MQAR at each (length, pairs) setting and seed (``tfm_course.experiments.recall.train_recall``),
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     given = argv if argv is not None else sys.argv[1:]
-    command = "python tools/bench_recall.py " + " ".join(shlex.quote(a) for a in given)
+    command = "python tools/runs/bench_recall.py " + " ".join(shlex.quote(a) for a in given)
     where = machine(args.device, args.threads)
     print(f"command: {command}\nmachine: {where}", flush=True)
     jobs = [dict(mixer=m, seq_len=length, n_pairs=pairs, seed=seed, vocab_size=args.vocab_size,

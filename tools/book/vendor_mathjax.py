@@ -6,7 +6,7 @@ blocks that CDN, then sees raw TeX. ``_config.yml`` points ``mathjax_path`` at
 TeX extensions it loads on demand) from the official ``mathjax`` package on the npm registry,
 pinned, into ``book/_static/mathjax/`` (ignored by git: a build artefact, never committed).
 
-    python tools/vendor_mathjax.py          # once, before `jupyter-book build`; needs npm
+    python tools/book/vendor_mathjax.py          # once, before `jupyter-book build`; needs npm
 
 ``npm pack`` checks the tarball against the registry's integrity hash.
 """
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 VERSION = "3.2.2"  # MathJax 3, the major version Sphinx's mathjax extension configures
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TARGET = ROOT / "book" / "_static" / "mathjax"
 ENTRY = "tex-chtml.js"
 

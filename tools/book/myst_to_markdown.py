@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIB = ROOT / "book" / "references.bib"
 CONFIG = ROOT / "_config.yml"
 

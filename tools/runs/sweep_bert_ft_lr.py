@@ -1,6 +1,6 @@
 """Chapter 7's fine-tuning comparison (pretrained vs from scratch) at several learning rates.
 
-    python tools/sweep_bert_ft_lr.py --lrs 1e-3 3e-4 1e-4 --seeds 0 1 2 --out tfm_course/results/bert_ft_lr_cpu.json
+    python tools/runs/sweep_bert_ft_lr.py --lrs 1e-3 3e-4 1e-4 --seeds 0 1 2 --out tfm_course/results/bert_ft_lr_cpu.json
 
 The chapter fine-tunes both starts at one learning rate. A pretrained start may prefer a smaller
 one, so this script runs the chapter's own code (``chapters/07-bert.md``, read with jupytext: the
@@ -13,9 +13,7 @@ chapter's own rate reproduces its table. Not run by the tests; about two minutes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import io
 import json
 import os
 import platform
@@ -23,25 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _chapter import chapter_namespace  # noqa: E402
+
 CHAPTER = ROOT / "chapters" / "07-bert.md"
 STOP = "ft_start = time.process_time()"  # in the fine-tuning cell: definitions before, runs after
-
-
-def chapter_namespace() -> dict:
-    """Execute the chapter's code cells up to the fine-tuning definitions (pretraining included)."""
-    import jupytext
-
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    namespace: dict = {"__name__": "__main__"}
-    cells = [c.source for c in jupytext.read(CHAPTER).cells if c.cell_type == "code"]
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        for source in cells:
-            if STOP in source:
-                exec(compile(source.split(STOP)[0], str(CHAPTER), "exec"), namespace)
-                return namespace
-            exec(compile(source, str(CHAPTER), "exec"), namespace)
-    raise RuntimeError(f"no cell containing {STOP!r} in {CHAPTER}")
 
 
 def main() -> None:
@@ -51,7 +36,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     start = time.perf_counter()
-    ns = chapter_namespace()
+    ns = chapter_namespace(CHAPTER, STOP, stop="in_cell")
     if ns["device"].type != "cpu":
         raise SystemExit("run this on the CPU (the stored result is the CPU experiment)")
     import torch
@@ -70,7 +55,7 @@ def main() -> None:
                                 "cpu_seconds": time.process_time() - cpu})
                 print(records[-1], flush=True)
     report = {
-        "command": "python tools/sweep_bert_ft_lr.py " + " ".join(sys.argv[1:]),
+        "command": "python tools/runs/sweep_bert_ft_lr.py " + " ".join(sys.argv[1:]),
         "machine": f"cpu, 1 thread; {os.cpu_count()} CPU cores ({platform.machine()}); "
                    f"torch {torch.__version__}; Python {platform.python_version()}",
         "run": {k: v for k, v in ns["C"].items() if k != "ft_lr"},

@@ -1,8 +1,8 @@
 """Training speed of ``tfm_course.models.gpt.GPT`` against a nanoGPT-style reference, side by side.
 
-    python tools/bench_gpt.py                 # nanoGPT's CPU recipe: 4 layers, 4 heads, width 128,
+    python tools/bench/bench_gpt.py                 # nanoGPT's CPU recipe: 4 layers, 4 heads, width 128,
                                               # block 64, batch 12, vocabulary 65, no bias, dropout 0
-    python tools/bench_gpt.py --threads 1 --repeats 7
+    python tools/bench/bench_gpt.py --threads 1 --repeats 7
 
 The reference below is written for this script from the GPT-2 description (Radford et al., 2019) with
 the module layout of nanoGPT's ``model.py``: a LayerNorm module calling ``F.layer_norm``, one fused
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -1,8 +1,8 @@
 """Benchmark: our byte-level BPE against a naive trainer and Hugging Face ``tokenizers``, in one run.
 
-    python tools/bench_bpe.py                 # the full run (~3 minutes on one free core)
-    python tools/bench_bpe.py --quick         # smaller: no 16k vocabulary, fewer naive samples
-    python tools/bench_bpe.py --json out.json # also write the numbers as JSON
+    python tools/bench/bench_bpe.py                 # the full run (~3 minutes on one free core)
+    python tools/bench/bench_bpe.py --quick         # smaller: no 16k vocabulary, fewer naive samples
+    python tools/bench/bench_bpe.py --json out.json # also write the numbers as JSON
 
 What it measures, all on one core (Python is single-threaded; HF ``tokenizers`` is told to use one
 thread with ``TOKENIZERS_PARALLELISM=false`` and ``RAYON_NUM_THREADS=1``). Every time is the

@@ -1,6 +1,6 @@
 """Chapter 8's characters-vs-BPE comparison at the chapter's own compute, for several seeds.
 
-    python tools/sweep_gpt_seeds.py --seeds 0 1 2 3 4 --out tfm_course/results/gpt_tokenizer_seeds_cpu.json
+    python tools/runs/sweep_gpt_seeds.py --seeds 0 1 2 3 4 --out tfm_course/results/gpt_tokenizer_seeds_cpu.json
 
 The chapter can afford one full run per tokenizer on the CPU. This script runs the chapter's own
 code (``chapters/08-gpt.md``, read with jupytext) up to the cell that defines ``train_one`` and
@@ -22,24 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _chapter import chapter_namespace  # noqa: E402
+
 CHAPTER = ROOT / "chapters" / "08-gpt.md"
 LAST_CELL = "head_share = {"  # the cell that ends with the step counts and the head share
-
-
-def chapter_namespace() -> dict:
-    """Execute the chapter's code cells up to and including its training definitions."""
-    import jupytext
-
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    namespace: dict = {"__name__": "__main__"}
-    cells = [c.source for c in jupytext.read(CHAPTER).cells if c.cell_type == "code"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        for source in cells:
-            exec(compile(source, str(CHAPTER), "exec"), namespace)
-            if LAST_CELL in source:
-                return namespace
-    raise RuntimeError(f"no cell containing {LAST_CELL!r} in {CHAPTER}")
 
 
 def main() -> None:
@@ -48,7 +36,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     start = time.perf_counter()
-    ns = chapter_namespace()
+    ns = chapter_namespace(CHAPTER, LAST_CELL, stop="after_cell")
     if ns["device"].type != "cpu":
         raise SystemExit("run this on the CPU (the stored result is the CPU experiment)")
     import torch
@@ -65,7 +53,7 @@ def main() -> None:
                                 "cpu_seconds": time.process_time() - cpu})
                 print(records[-1], flush=True)
     report = {
-        "command": "python tools/sweep_gpt_seeds.py " + " ".join(sys.argv[1:]),
+        "command": "python tools/runs/sweep_gpt_seeds.py " + " ".join(sys.argv[1:]),
         "machine": f"cpu, 1 thread; {os.cpu_count()} CPU cores ({platform.machine()}); "
                    f"torch {torch.__version__}; Python {platform.python_version()}",
         "run": {k: v for k, v in ns["RUN"].items() if k not in ("seeds", "spread_seeds")},
