@@ -81,3 +81,24 @@ def test_the_sweeps_markers_are_in_their_chapters_code(tool, chapter_name, marke
     assert module.CHAPTER == ROOT / "chapters" / chapter_name
     code = [c.source for c in jupytext.read(module.CHAPTER).cells if c.cell_type == "code"]
     assert sum(getattr(module, marker) in source for source in code) == 1
+
+
+def test_cpu_only_refuses_a_page_that_picked_another_device(tmp_path):
+    path = tmp_path / "02-gpu.md"
+    path.write_text(PAGE.replace("steps = [1]", "import types\ndevice = types.SimpleNamespace(type='cuda')\n"
+                                 "steps = [1]"))
+    with pytest.raises(SystemExit, match="run this on the CPU"):
+        _chapter.chapter_namespace(path, "marker = 2", cpu_only=True)
+    cpu = tmp_path / "03-cpu.md"
+    cpu.write_text(PAGE.replace("steps = [1]", "import torch\ndevice = torch.device('cpu')\nsteps = [1]"))
+    assert _chapter.chapter_namespace(cpu, "marker = 2", cpu_only=True)["steps"] == [1, 2]
+
+
+def test_the_report_is_written_as_json_and_names_the_machine(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "run.json"
+    _chapter.write_report(out, {"machine": _chapter.cpu_machine(), "records": [1]})
+    report = json.loads(out.read_text())
+    assert report["records"] == [1] and report["machine"].startswith("cpu, 1 thread;")
+    assert "torch" in report["machine"] and f"wrote {out}" in capsys.readouterr().out

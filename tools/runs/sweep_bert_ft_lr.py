@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _chapter import chapter_namespace  # noqa: E402
+from _chapter import chapter_namespace, cpu_machine, write_report  # noqa: E402
 
 CHAPTER = ROOT / "chapters" / "07-bert.md"
 STOP = "ft_start = time.process_time()"  # in the fine-tuning cell: definitions before, runs after
@@ -36,11 +33,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     start = time.perf_counter()
-    ns = chapter_namespace(CHAPTER, STOP, stop="in_cell")
-    if ns["device"].type != "cpu":
-        raise SystemExit("run this on the CPU (the stored result is the CPU experiment)")
-    import torch
-
+    ns = chapter_namespace(CHAPTER, STOP, stop="in_cell", cpu_only=True)
     records = []
     for lr in args.lrs:
         ns["C"]["ft_lr"] = lr
@@ -56,14 +49,12 @@ def main() -> None:
                 print(records[-1], flush=True)
     report = {
         "command": "python tools/runs/sweep_bert_ft_lr.py " + " ".join(sys.argv[1:]),
-        "machine": f"cpu, 1 thread; {os.cpu_count()} CPU cores ({platform.machine()}); "
-                   f"torch {torch.__version__}; Python {platform.python_version()}",
+        "machine": cpu_machine(),
         "run": {k: v for k, v in ns["C"].items() if k != "ft_lr"},
         "records": records,
         "wall_s": time.perf_counter() - start,
     }
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _chapter import chapter_namespace  # noqa: E402
+from _chapter import chapter_namespace, cpu_machine, write_report  # noqa: E402
 
 CHAPTER = ROOT / "chapters" / "08-gpt.md"
 LAST_CELL = "head_share = {"  # the cell that ends with the step counts and the head share
@@ -36,11 +33,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     start = time.perf_counter()
-    ns = chapter_namespace(CHAPTER, LAST_CELL, stop="after_cell")
-    if ns["device"].type != "cpu":
-        raise SystemExit("run this on the CPU (the stored result is the CPU experiment)")
-    import torch
-
+    ns = chapter_namespace(CHAPTER, LAST_CELL, stop="after_cell", cpu_only=True)
     records = []
     with ns["one_cpu_thread"](ns["device"]), contextlib.redirect_stderr(io.StringIO()):
         for name in ns["tokenizers"]:
@@ -54,16 +47,14 @@ def main() -> None:
                 print(records[-1], flush=True)
     report = {
         "command": "python tools/runs/sweep_gpt_seeds.py " + " ".join(sys.argv[1:]),
-        "machine": f"cpu, 1 thread; {os.cpu_count()} CPU cores ({platform.machine()}); "
-                   f"torch {torch.__version__}; Python {platform.python_version()}",
+        "machine": cpu_machine(),
         "run": {k: v for k, v in ns["RUN"].items() if k not in ("seeds", "spread_seeds")},
         "eval_chars": len(ns["eval_text"]),
         "unigram_bits_per_byte": ns["unigram"],
         "records": records,
         "wall_s": time.perf_counter() - start,
     }
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":
