@@ -9,8 +9,10 @@ The pieces, in the order data flows through them:
 
 1. the input: token + segment (token-type) + learned position embeddings, **summed**, then
    LayerNorm and dropout. ``[CLS]`` is nothing special here: it is just the first token;
-2. ``num_layers`` :class:`~tfm_course.layers.EncoderLayer` in Post-LN order with exact (erf)
-   GELU, the padding mask applied to the *keys*;
+2. ``num_layers`` :class:`~tfm_course.layers.EncoderLayer` in Post-LN order with the exact (erf)
+   GELU, the padding mask applied to the *keys*. The exact GELU is Hugging Face's
+   ``hidden_act="gelu"``; Google's original TensorFlow code (``modeling.py``) computes the tanh
+   approximation, which differs from it by less than 1e-3;
 3. the pooler: ``tanh(W h_[CLS] + b)``, the sentence vector the NSP head and classifiers read;
 4. (:class:`BertForPreTraining`) the MLM head — dense, GELU, LayerNorm, then a decoder whose
    weight **is** the token embedding matrix, plus an output bias — and the NSP head, a linear
@@ -42,7 +44,9 @@ class BertConfig:
 
     ``dropout`` is used everywhere BERT drops out (embeddings, attention weights, sub-layer
     outputs). ``init_std`` is the standard deviation of the normal initialisation of every weight
-    matrix and embedding (biases start at 0, LayerNorm at 1 and 0), as in the original code.
+    matrix and embedding (biases start at 0, LayerNorm at 1 and 0), as in Hugging Face's BERT. The
+    original TensorFlow code draws from a normal *truncated* at two standard deviations
+    (``tf.truncated_normal_initializer(stddev=0.02)``); this one is not truncated.
     """
 
     vocab_size: int
@@ -121,7 +125,8 @@ def bert_num_parameters(config: BertConfig, pretraining_heads: bool = False) -> 
 
 # --------------------------------------------------------------------------- the encoder
 def _init_bert_weights(module: nn.Module, std: float) -> None:
-    """Normal(0, std) weights and zero biases for linear layers and embeddings, as in BERT."""
+    """Normal(0, std) weights and zero biases for linear layers and embeddings, as in Hugging Face's
+    BERT (the original code truncates the normal at ±2 std)."""
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=std)
