@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import baselines
+from ..baselines import balanced_accuracy
 from ..data import corpus
 from ..data.docstring_tasks import class_or_function
 from ..data.mlm import IGNORE, mask_tokens, pack_documents
@@ -40,7 +42,7 @@ from ..train import History, train, warmup_cosine
 
 __all__ = ["SIZES", "SPECIALS", "MLMData", "TaskSplit", "TaskData", "bert_tokenizer", "mlm_data",
            "model_config", "max_chosen", "mlm_loss", "mlm_metrics", "pretrain", "task_data", "stratified_subset",
-           "Classifier", "fine_tune", "fresh_bert", "balanced_accuracy"]
+           "Classifier", "fine_tune", "fresh_bert", "baseline_scores"]
 
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -81,10 +83,21 @@ class MLMData:
         return torch.isin(rows, torch.tensor(self.special_ids, device=rows.device))
 
 
+_MLM_DATA: dict[tuple, MLMData] = {}
+
+
 def mlm_data(sizes: dict[str, Any], device: torch.device | str = "cpu") -> MLMData:
     """Tokenize both splits of the corpus (``encode_ordinary``: corpus text may contain the
     special tokens' spelling, which must stay ordinary text), pack them into rows of
-    ``sizes["length"]`` tokens, and mask a fixed validation batch at 15 % (generator seed 123)."""
+    ``sizes["length"]`` tokens, and mask a fixed validation batch at 15 % (generator seed 123).
+    Kept per process (tokenizing takes seconds); treat the result as read-only."""
+    key = (sizes["vocab"], sizes["length"], sizes["n_valid"], str(torch.device(device)))
+    if key not in _MLM_DATA:
+        _MLM_DATA[key] = _mlm_data(sizes, device)
+    return _MLM_DATA[key]
+
+
+def _mlm_data(sizes: dict[str, Any], device: torch.device | str) -> MLMData:
     tok = bert_tokenizer(sizes["vocab"])
     cls, sep = tok.special_ids["[CLS]"], tok.special_ids["[SEP]"]
     rows = {split: pack_documents([tok.encode_ordinary(d.text) for d in corpus.documents(split)],
@@ -256,11 +269,6 @@ class Classifier(nn.Module):
         return self.head(self.bert(ids, attention_mask=attention_mask)[1])
 
 
-def balanced_accuracy(pred: Tensor, gold: Tensor) -> float:
-    """The mean over labels of the share of that label's examples predicted right."""
-    return torch.stack([(pred[gold == c] == c).float().mean() for c in gold.unique()]).mean().item()
-
-
 @torch.no_grad()
 def _scores(model: Classifier, split: TaskSplit) -> dict[str, float]:
     pred = model(split.x, split.mask).argmax(-1)
@@ -291,6 +299,26 @@ def fine_tune(encoder: Bert, task: TaskData, sizes: dict[str, Any], lr: float, s
         model.eval()
         return {"dev": _scores(model, task.dev), "validation": _scores(model, task.validation),
                 "n_train": len(split.y)}
+
+
+def baseline_scores(task: TaskData, vocab_size: int, subset: Tensor | None = None) -> dict[str, dict]:
+    """The task's baselines trained on ``task.train`` (or its ``subset``): majority, the first-word
+    rule and a logistic regression on the bag of tokens; balanced accuracy on dev and validation."""
+    split = task.train if subset is None else task.train.take(subset)
+    both = [task.dev, task.validation]  # predicted together, scored apart
+    texts = task.dev.texts + task.validation.texts
+    x, mask = torch.cat([s.x for s in both]), torch.cat([s.mask for s in both])
+    preds = {
+        "majority": baselines.majority(split.y.tolist(), [0] * len(texts)).predictions,
+        "first-word rule": baselines.first_word_rule(split.texts, split.y.tolist(), texts).predictions,
+        "bag of tokens": baselines.logistic_regression(
+            baselines.bag_of_tokens(split.x, split.mask, vocab_size), split.y,
+            baselines.bag_of_tokens(x, mask, vocab_size)).predictions,
+    }
+    n_dev = len(task.dev.y)
+    return {name: {"dev": balanced_accuracy(pred[:n_dev], task.dev.y.cpu()),
+                   "validation": balanced_accuracy(pred[n_dev:], task.validation.y.cpu())}
+            for name, pred in preds.items()}
 
 
 def fresh_bert(data: MLMData, sizes: dict[str, Any], seed: int) -> Bert:

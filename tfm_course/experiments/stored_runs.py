@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 from importlib import resources
 from pathlib import Path
@@ -138,21 +137,23 @@ def _results():
     return resources.files("tfm_course.results")
 
 
-def load_run(name: str) -> dict[str, Any]:
-    """The stored run ``name`` from the installed package, as a dict."""
+def load_run(name: str, folder: Path | None = None) -> dict[str, Any]:
+    """The stored run ``name`` from the installed package (or from ``folder``), as a dict."""
+    if folder is not None:
+        return json.loads((Path(folder) / f"{name}.json").read_text())
     from ..results import load_result
 
     return load_result(name)
 
 
-def load_checkpoint(run: Mapping[str, Any], key: str) -> dict[str, torch.Tensor]:
-    """The state dict stored under ``run["checkpoints"][key]``, after checking its sha256;
-    loaded with ``weights_only=True`` (tensors only, no code runs)."""
+def load_checkpoint(run: Mapping[str, Any], key: str, folder: Path | None = None) -> dict[str, torch.Tensor]:
+    """The state dict stored under ``run["checkpoints"][key]`` (in the package, or in ``folder``),
+    after checking its sha256; loaded with ``weights_only=True`` (tensors only, no code runs)."""
     entries = run.get("checkpoints", {})
     if key not in entries:
         raise ValueError(f"run {run.get('name')!r} has no checkpoint {key!r}; it has {sorted(entries)}")
     entry = entries[key]
-    data = _results().joinpath(entry["file"]).read_bytes()
+    data = (Path(folder) if folder is not None else _results()).joinpath(entry["file"]).read_bytes()
     if sha256_of(data) != entry["sha256"]:
         raise ValueError(f"{entry['file']}: sha256 {sha256_of(data)[:12]}… does not match the run's "
                          f"{entry['sha256'][:12]}… (a damaged or replaced file)")

@@ -3,6 +3,7 @@
     python tools/runs/bert_pretraining.py --run short              # the page's 500 steps, seed 0
     python tools/runs/bert_pretraining.py --run long --seeds 0 1   # 3,000 steps, two seeds
     python tools/runs/bert_pretraining.py --run all_mask           # 3,000 steps, always [MASK]
+    python tools/runs/bert_pretraining.py --run all_mask --lr 1e-3 # the same at another peak rate
     python tools/runs/bert_pretraining.py --run long --size gpu    # the GPU sizes, on a GPU
     python tools/runs/bert_pretraining.py --smoke --out-dir /tmp/x # seconds: what the tests run
 
@@ -36,14 +37,16 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--size", choices=sorted(R.SIZES), default=None,
                         help="default: gpu on an accelerator, cpu otherwise")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the size's)")
     parser.add_argument("--smoke", action="store_true", help="a few steps, to check the tool runs")
     parser.add_argument("--out-dir", type=Path, default=None, help="default: tfm_course/results")
     args = parser.parse_args(argv)
     device = get_device()
     size = args.size or ("cpu" if device.type == "cpu" else "gpu")
-    sizes = R.SIZES[size]
+    sizes = dict(R.SIZES[size], **({"lr": args.lr} if args.lr else {}))
     steps = 6 if args.smoke else (RUNS[args.run]["steps"] or sizes["steps"])
-    name = f"bert_mlm_{args.run}_{size}" + ("_smoke" if args.smoke else "")
+    name = (f"bert_mlm_{args.run}" + (f"_lr{args.lr:g}" if args.lr else "") + f"_{size}"
+            + ("_smoke" if args.smoke else ""))
     command = "python tools/runs/bert_pretraining.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     run = stored_runs.new_run(name, command, args.seeds, device, size=size, sizes=sizes,
                               all_mask=RUNS[args.run]["all_mask"])
