@@ -297,25 +297,3 @@ def test_short_pretraining_run_beats_the_unigram_baseline():
     assert abs(baseline - math.log(vocab - 4)) < 0.1
     # context beats frequencies clearly, and nothing beats knowing the topic (no answer leaks)
     assert math.log(topic_size) - 0.05 < valid_loss < baseline - 0.8, (valid_loss, baseline)
-
-
-def test_stored_fine_tuning_rate_sweep_is_complete():
-    from tfm_course.results import available, load_result
-
-    assert "bert_ft_lr_cpu" in available()
-    report = load_result("bert_ft_lr_cpu")
-    from pathlib import Path
-
-    # the command as it was run: runs stored before the tool moved to tools/runs/ name its old path
-    assert report["command"].startswith(("python tools/runs/sweep_bert_ft_lr.py",
-                                          "python tools/sweep_bert_ft_lr.py"))
-    assert (Path(__file__).resolve().parents[1] / "tools" / "runs" / "sweep_bert_ft_lr.py").is_file()
-    assert "thread" in report["machine"] and "torch" in report["machine"]
-    runs = {(r["start"], r["lr"], r["seed"]) for r in report["records"]}
-    assert len(runs) == len(report["records"])  # one record per run
-    lrs = {r["lr"] for r in report["records"]}
-    seeds = {r["seed"] for r in report["records"]}
-    assert len(lrs) >= 2 and len(seeds) >= 3
-    assert runs == {(s, lr, seed) for s in ("pretrained", "from scratch") for lr in lrs for seed in seeds}
-    for r in report["records"]:
-        assert 0.0 <= r["accuracy"] <= 1.0 and r["cpu_seconds"] > 0

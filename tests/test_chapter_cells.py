@@ -70,8 +70,7 @@ def test_a_missing_marker_or_a_bad_stop_is_an_error(page):
         _chapter.chapter_namespace(page, "marker = 2", stop="before")
 
 
-@pytest.mark.parametrize("tool, chapter_name, marker", [("sweep_bert_ft_lr", "07-bert.md", "STOP"),
-                                                         ("sweep_gpt_seeds", "08-gpt.md", "LAST_CELL")])
+@pytest.mark.parametrize("tool, chapter_name, marker", [("sweep_gpt_seeds", "08-gpt.md", "LAST_CELL")])
 def test_the_sweeps_markers_are_in_their_chapters_code(tool, chapter_name, marker):
     import jupytext
 

@@ -40,11 +40,12 @@ from ..models.bert import Bert, BertConfig, BertForPreTraining
 from ..tokenizers import default_tokenizer
 from ..train import History, train, warmup_cosine
 
-__all__ = ["SIZES", "SPECIALS", "MLMData", "TaskSplit", "TaskData", "bert_tokenizer", "mlm_data",
+__all__ = ["SIZES", "SPECIALS", "VALID_P", "MLMData", "TaskSplit", "TaskData", "bert_tokenizer", "mlm_data",
            "model_config", "max_chosen", "mlm_loss", "mlm_metrics", "pretrain", "task_data", "stratified_subset",
            "Classifier", "fine_tune", "fresh_bert", "baseline_scores"]
 
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
+VALID_P = 0.15  # the masking rate of the fixed validation set: BERT's, whatever the training rate
 
 # The chapter's sizes: `cpu` fits its 90-second budget with a 500-step run; `gpu` scales it up.
 SIZES: dict[str, dict[str, Any]] = {
@@ -108,7 +109,7 @@ def _mlm_data(sizes: dict[str, Any], device: torch.device | str) -> MLMData:
     valid = rows["validation"][: sizes["n_valid"]]
     g = torch.Generator(device=device).manual_seed(123)
     data.valid_inputs, data.valid_labels = mask_tokens(valid, data.is_special(valid), tok.vocab_size,
-                                                       data.id("[MASK]"), p=0.15, generator=g,
+                                                       data.id("[MASK]"), p=VALID_P, generator=g,
                                                        special_ids=special_ids)
     return data
 
@@ -157,7 +158,7 @@ def mlm_metrics(model: BertForPreTraining, data: MLMData) -> dict[str, float]:
 
 
 def pretrain(data: MLMData, sizes: dict[str, Any], steps: int, seed: int = 0, p: float | None = None,
-             all_mask: bool = False, evaluations: int = 10, total_steps: int | None = None,
+             all_mask: bool = False, evaluations: int = 30, total_steps: int | None = None,
              desc: str = "MLM", progress: bool = True) -> tuple[BertForPreTraining, History]:
     """A fresh BertForPreTraining trained with MLM for ``steps`` steps (AdamW, warm-up over the
     first tenth, cosine decay; a fresh mask for every batch). ``all_mask``: every chosen token
