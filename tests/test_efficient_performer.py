@@ -51,8 +51,27 @@ def test_causal_output_ignores_the_future():
     for t in (q2, k2, v2):
         t[..., 20:, :] = torch.randn_like(t[..., 20:, :])
     out2 = favor_attention(q2, k2, v2, 16, causal=True, projection=P)
-    # the key stabiliser is a max over the whole sequence: it cancels, up to rounding
     torch.testing.assert_close(out2[..., :20, :], out[..., :20, :], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 16, 64])
+def test_a_large_future_key_leaves_past_outputs_unchanged(chunk_size):
+    """Keys of norm ~6·√d have log-features near −100; a later key on a feature direction has the
+    largest possible one (‖ω‖²/2). A maximum over the whole sequence subtracted that and pushed
+    every earlier feature below float32's range (past outputs moved by 1.36); the prefix maximum
+    leaves them as they were, and both agree with float64."""
+    g = torch.Generator().manual_seed(0)
+    n, d = 48, 16
+    q, k, v = (s * torch.randn(1, 2, n, d, generator=g) for s in (1.0, 6.0, 1.0))
+    P = draw_projection(32, d, generator=torch.Generator().manual_seed(1))
+    out = favor_attention(q, k, v, 32, causal=True, projection=P, chunk_size=chunk_size)
+    k2 = k.clone()
+    k2[..., -1, :] = P[0] * d ** 0.25  # x' = ω_0: exponent ‖ω_0‖²/2, the largest there is
+    out2 = favor_attention(q, k2, v, 32, causal=True, projection=P, chunk_size=chunk_size)
+    torch.testing.assert_close(out2[..., :-1, :], out[..., :-1, :], atol=1e-6, rtol=1e-6)
+    reference = favor_attention(q.double(), k2.double(), v.double(), 32, causal=True,
+                                projection=P.double())
+    torch.testing.assert_close(out2.double(), reference, atol=1e-4, rtol=1e-4)
 
 
 def _mean_error(num_features: int, orthogonal: bool, seeds: int) -> float:

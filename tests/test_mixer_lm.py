@@ -121,6 +121,26 @@ def test_performer_step_survives_large_logits():
     torch.testing.assert_close(steps, prefixes, atol=1e-3, rtol=1e-3)
 
 
+def test_performer_forward_equals_step_over_a_whole_sequence_with_large_keys():
+    """The parallel form over the whole sequence (not prefix by prefix) equals the recurrent one
+    when keys are large (log-features near −100) and one late key is small (its log-features are
+    the largest): both stabilise with the maximum of the keys so far. With a maximum over the whole
+    sequence the earlier outputs differed from step()'s by 1.2 (weights × 20) or 7e16 (× 10)."""
+    for scale in (10.0, 20.0):
+        torch.manual_seed(0)
+        mixer = CausalPerformer(32, 2, num_features=16)
+        with torch.no_grad():
+            mixer.qkv.weight[32:64].mul_(scale)  # the key projection only
+            x = torch.randn(2, 80, 32)
+            x[:, 75] *= 0.05
+            state, outs = None, []
+            for x_t in x.unbind(1):
+                y, state = mixer.step(x_t, state)
+                outs.append(y)
+            parallel = mixer(x)
+        torch.testing.assert_close(torch.stack(outs, 1), parallel, atol=1e-5, rtol=1e-5)
+
+
 def test_layer_kinds_and_bad_input():
     assert layer_kinds("hybrid", 4) == ["mamba", "mamba", "attention", "mamba"]
     assert layer_kinds("retnet", 3) == ["retnet"] * 3

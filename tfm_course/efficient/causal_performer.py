@@ -7,8 +7,9 @@ sequence or one token at a time with a fixed-size state.
 
 The parallel form is :func:`~tfm_course.efficient.performer.favor_attention` with ``causal=True``
 (prefix sums per chunk); the recurrent form keeps the running sums Σ φ(k) vᵀ and Σ φ(k), whose
-size does not grow with the context, unlike a KV cache. Both give the same outputs (the tests
-check it). :func:`~tfm_course.models.mixers.make_mixer` builds it as ``"performer"``.
+size does not grow with the context, unlike a KV cache. Both are stabilised by the largest key
+log-feature so far (never a later one), so they give the same outputs (the tests check it, over a
+whole sequence with key norms that vary widely). :func:`~tfm_course.models.mixers.make_mixer` builds it as ``"performer"``.
 """
 
 from __future__ import annotations

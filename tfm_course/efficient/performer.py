@@ -14,8 +14,10 @@ costs O(n·m·d) instead of O(n²·d): the n × n matrix is never formed. Detail
 * **positive** features (exp, not sin/cos) keep every estimated weight ≥ 0, so D never vanishes;
 * **orthogonal** ω's (blocks of a random orthogonal matrix, rows rescaled to Gaussian norms) lower
   the variance for the same m;
-* a **max subtraction** before exp: per query row (it cancels in D⁻¹) and one constant for all
-  keys (it cancels too) — without it exp overflows for large logits;
+* a **max subtraction** before exp: per query row (it cancels in D⁻¹); for keys one constant for
+  all of them in the non-causal form, and in the causal form the maximum over the keys *so far*
+  (row i's constant depends on keys j ≤ i only, so it cancels in row i and a later key cannot move
+  row i's output) — without it exp overflows for large logits;
 * **causal** attention uses prefix sums of φ(k_j) v_jᵀ and φ(k_j) (here per chunk, so that memory
   stays O(n·m)).
 
@@ -31,6 +33,12 @@ fast_attention``) and the most-used PyTorch port (lucidrains ``performer-pytorch
   feature at 1/√m, and only the final denominator is clamped to the smallest positive float.
 * **the stabilisers include −‖x‖²/2** (see :func:`positive_random_features`); the reference code
   subtracts the maximum of ω·x alone, so large-norm rows underflow to zero in float32.
+* **a causal key stabiliser that is causal.** Both subtract from every key the maximum over the
+  *whole sequence*, in the causal form too. That cancels in exact arithmetic, but in float32 a
+  large later key pushes the earlier keys' features below the smallest float and changes earlier
+  outputs (by 1.36 in ``tests/test_efficient_performer.py``), and the parallel form disagrees with
+  a token-by-token decoder. Here the causal form uses the prefix maximum, as
+  :meth:`~tfm_course.efficient.causal_performer.CausalPerformer.step` does with its running one.
 * **the QR sign fix.** ``Q`` of a QR decomposition is not uniformly (Haar) distributed unless each
   column is multiplied by the sign of R's diagonal; the reference code skips this (the port has it
   as an option, ``qr_uniform_q``, off by default). :func:`draw_projection` always applies it.
@@ -82,7 +90,9 @@ def positive_random_features(x: Tensor, projection: Tensor, is_query: bool,
     independent draw per batch element or head).
 
     The stabiliser c is the maximum of the whole exponent ω·x' − ‖x'‖²/2: over the features of
-    each row for queries, over the whole sequence (and features) for keys. A query's c scales
+    each row for queries, over the whole sequence (and features) for keys — right for
+    non-causal attention only; the causal form in :func:`favor_attention` stabilises each key
+    by the maximum over the keys up to it instead. A query's c scales
     its numerator and its denominator alike, and the keys' c is one constant for all of them, so
     both cancel in the normalised attention. Keeping −‖x'‖²/2 *inside* the maximum matters: for a
     large-norm query every exp(ω·x' − c − ‖x'‖²/2) would otherwise underflow to 0 in float32 and
@@ -103,27 +113,57 @@ def positive_random_features(x: Tensor, projection: Tensor, is_query: bool,
     return torch.exp(exponent - stabiliser.detach()) / math.sqrt(m)
 
 
-def _causal_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk_size: int) -> Tensor:
-    """out_i = φ(q_i) Σ_{j≤i} φ(k_j) v_jᵀ / φ(q_i) · Σ_{j≤i} φ(k_j), by chunked prefix sums.
+def _log_features(x: Tensor, projection: Tensor) -> Tensor:
+    """log(√m · φ(x)) = ω·x' − ‖x'‖²/2 with x' = x · d^(−1/4): ``(..., n, d) → (..., n, m)``."""
+    x = x * x.shape[-1] ** -0.25
+    return x @ projection.transpose(-2, -1) - (x * x).sum(-1, keepdim=True) / 2
 
-    Inside a chunk the masked quadratic form; across chunks an exclusive prefix sum (cumsum) of
-    the per-chunk sums — the same numbers as a token-level prefix sum without an (n, m, d_v) tensor.
+
+def _causal_linear_attention(phi_q: Tensor, log_k: Tensor, v: Tensor, chunk_size: int) -> Tensor:
+    """out_i = Σ_{j≤i} (φ(q_i)·φ(k_j)) v_j / Σ_{j≤i} φ(q_i)·φ(k_j), with φ(k_j) = exp(log_k_j).
+
+    Stabilised by the **prefix maximum** c_i = max_{j≤i} max_f log_k_jf, which depends on keys
+    j ≤ i only: every term of row i is multiplied by the same e^(−c_i), so it cancels exactly
+    between numerator and denominator, and a later key cannot change row i (a maximum over the
+    whole sequence cancels too, but only in exact arithmetic: a large later key pushes the earlier
+    keys' features below float32's range and the earlier rows change). Written as
+    e^(log_k_j − c_i) = e^(log_k_j − c_j) · e^(c_j − c_i), both factors ≤ 1, so nothing overflows.
+    These are the numbers :meth:`CausalPerformer.step` computes with its running maximum.
+
+    Inside a chunk the masked quadratic form; across chunks each chunk's sums Σ φ(k) vᵀ and Σ φ(k)
+    are kept relative to the prefix maximum at its last token, C_s, and chunk t reads
+    Σ_{s<t} e^(C_s − C_{t−1}) · (sums of s) — a (chunks × chunks) lower-triangular mix in place of
+    a cumsum, since the factors differ per chunk — then multiplies by e^(C_{t−1} − c_i).
+    Shapes: phi_q, log_k ``(..., n, m)``, v ``(..., n, d_v)`` → ``(..., n, d_v)``.
     """
     n = phi_q.shape[-2]
-    pad = (-n) % chunk_size  # zero features contribute nothing; padded rows are cut off below
+    pad = (-n) % chunk_size
+    c = log_k.amax(-1).cummax(-1).values  # (..., n): prefix maximum over keys and features
+    phi_k = torch.exp(log_k - c[..., None])  # φ(k_j) · e^(−c_j), every entry ≤ 1
+    c = torch.cat([c, c[..., -1:].expand(*c.shape[:-1], pad)], -1)  # padded rows: cut off below
 
-    def chunks(t: Tensor) -> Tensor:  # (..., n, c) → (..., n_chunks, chunk, c)
+    def chunks(t: Tensor) -> Tensor:  # (..., n, f) → (..., n_chunks, chunk, f)
         return F.pad(t, (0, 0, 0, pad)).unflatten(-2, (-1, chunk_size))
 
-    pq, pk, vv = chunks(phi_q), chunks(phi_k), chunks(v)
-    kv = pk.transpose(-2, -1) @ vv  # per chunk Σ φ(k) vᵀ: (..., n_chunks, m, d_v)
-    ksum = pk.sum(-2)  # per chunk Σ φ(k): (..., n_chunks, m)
-    kv_before = kv.cumsum(-3) - kv  # exclusive prefix sums: everything in earlier chunks
-    ksum_before = ksum.cumsum(-2) - ksum
+    pq, pk, vv = chunks(phi_q), chunks(phi_k), chunks(v)  # padded keys: zero features
+    cc = c.unflatten(-1, (-1, chunk_size))  # (..., n_chunks, chunk)
     tril = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()
-    local = (pq @ pk.transpose(-2, -1)).masked_fill(~tril, 0.0)  # (..., n_chunks, chunk, chunk)
-    num = local @ vv + pq @ kv_before
-    den = local.sum(-1) + (pq @ ksum_before[..., None]).squeeze(-1)
+    rescale = (cc[..., None, :] - cc[..., :, None]).masked_fill(~tril, float("-inf")).exp()
+    local = (pq @ pk.transpose(-2, -1)) * rescale  # e^(c_j − c_i) for j ≤ i, 0 above the diagonal
+    last = cc[..., -1]  # C_s, (..., n_chunks)
+    pk_last = pk * torch.exp(cc - last[..., None])[..., None]  # relative to C_s
+    kv = pk_last.transpose(-2, -1) @ vv  # per chunk Σ φ(k) vᵀ: (..., n_chunks, m, d_v)
+    ksum = pk_last.sum(-2)  # (..., n_chunks, m)
+    # C_{t−1}; chunk 0 reads nothing, and its first c keeps e^(C_{t−1} − c_i) ≤ 1 there too
+    before = torch.cat([cc[..., :1, 0], last[..., :-1]], -1)
+    n_chunks = last.shape[-1]
+    strict = torch.ones(n_chunks, n_chunks, dtype=torch.bool, device=v.device).tril(-1)
+    mix = (last[..., None, :] - before[..., :, None]).masked_fill(~strict, float("-inf")).exp()
+    kv_before = (mix @ kv.flatten(-2)).view_as(kv)  # Σ_{s<t} e^(C_s − C_{t−1}) kv_s
+    ksum_before = mix @ ksum
+    row = torch.exp(before[..., None] - cc)[..., None]  # e^(C_{t−1} − c_i) ≤ 1, (..., chunks, chunk, 1)
+    num = local @ vv + row * (pq @ kv_before)
+    den = local.sum(-1) + row[..., 0] * (pq @ ksum_before[..., None]).squeeze(-1)
     out = num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
     return out.flatten(-3, -2)[..., :n, :]
 
@@ -169,10 +209,10 @@ def favor_attention(q: Tensor, k: Tensor, v: Tensor, num_features: int, causal: 
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v, projection = q.to(work), k.to(work), v.to(work), projection.to(work)
         phi_q = positive_random_features(q, projection, is_query=True)  # (..., n, m)
-        phi_k = positive_random_features(k, projection, is_query=False)
-        if causal:
-            out = _causal_linear_attention(phi_q, phi_k, v, chunk_size)
+        if causal:  # keys stabilised by their prefix maximum (see _causal_linear_attention)
+            out = _causal_linear_attention(phi_q, _log_features(k, projection), v, chunk_size)
         else:
+            phi_k = positive_random_features(k, projection, is_query=False)
             num = phi_q @ (phi_k.transpose(-2, -1) @ v)  # (n, m)(m, d_v): never n × n
             den = phi_q @ phi_k.sum(-2)[..., None]  # (..., n, 1)
             out = num / den.clamp_min(torch.finfo(den.dtype).tiny)
