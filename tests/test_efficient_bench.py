@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from tfm_course.efficient.cases import attention_cases
-from tfm_course.experiments.equal_time import (QualityResult, quality_at_equal_time, quality_table,
-                                               train_for)
+from tfm_course.experiments import stored_runs
+from tfm_course.experiments.equal_time import (QualityResult, best_rates, lr_sweep,
+                                               quality_at_equal_steps, quality_at_equal_time,
+                                               quality_table, train_for)
 from tfm_course.experiments.scaling import crossover_table, metric_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +37,7 @@ def test_measured_timing_spends_the_budget_in_steps_and_is_reproducible():
     assert "model" not in result.as_dict()  # the numbers only
     assert sum(p.numel() for p in result.model.parameters()) == result.parameters
     # a number of steps and a seed fix the model, however busy the machine
-    runs = [train_for("linformer", 1.0, seed=1, k=8, steps=3, **SMALL) for _ in range(2)]
+    runs = [train_for("linformer", seed=1, k=8, steps=3, **SMALL) for _ in range(2)]
     assert runs[0].steps == runs[1].steps == 3 and runs[0].accuracy == runs[1].accuracy
     for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):  # the trained models
         assert torch.equal(a, b)
@@ -55,7 +57,7 @@ def test_training_flushes_subnormals_on_a_cpu_and_switches_it_back_off(monkeypat
     seen, score = [], equal_time.recall_accuracy
     monkeypatch.setattr(equal_time, "recall_accuracy",
                         lambda model, batch: seen.append((tiny * 1.0).item()) or score(model, batch))
-    assert train_for("linformer", 1.0, seed=0, k=8, steps=2, **SMALL).steps == 2  # SMALL: on the CPU
+    assert train_for("linformer", seed=0, k=8, steps=2, **SMALL).steps == 2  # SMALL: on the CPU
     assert seen == [0.0] and (tiny * 1.0).item() != 0.0
 
 
@@ -78,7 +80,15 @@ def test_train_for_bad_settings_raise():
     with pytest.raises(ValueError, match="kind must be one of"):
         train_for("reformer", 0.1, **SMALL)
     with pytest.raises(ValueError, match="steps must be positive"):
-        train_for("softmax", 0.1, steps=0, **SMALL)
+        train_for("softmax", steps=0, **SMALL)
+    with pytest.raises(ValueError, match="exactly one budget"):
+        train_for("softmax", 0.1, steps=3, **SMALL)
+    with pytest.raises(ValueError, match="exactly one budget"):
+        train_for("softmax", **SMALL)
+    with pytest.raises(ValueError, match="lr must be positive"):
+        train_for("softmax", steps=1, lr=0.0, **SMALL)
+    with pytest.raises(ValueError, match="missing \\['performer'\\]"):
+        quality_at_equal_steps(["softmax", "performer"], 2, lrs={"softmax": 1e-3}, **SMALL)
     with pytest.raises(ValueError, match="timing must be"):
         train_for("softmax", 0.1, timing="cpu", **SMALL)
 
@@ -143,6 +153,48 @@ def test_crossover_table_names_the_length_always_or_never():
 
 
 def test_quality_table_averages_seeds():
-    results = [QualityResult("softmax", s, 40, 10 + s, 2.0, 1.0, acc, 100)
+    results = [QualityResult("softmax", s, 40, 10 + s, 2.0, 1.0, acc, 100, lr=3e-3)
                for s, acc in ((0, 1.0), (1, 0.5))]
-    assert quality_table(results).splitlines()[2] == "| softmax | 2 | 10 | 2.0 | 0.750 | 0.500 – 1.000 |"
+    assert (quality_table(results).splitlines()[2]
+            == "| softmax | 2 | 0.003 | 10 | 2.0 | 0.750 | 0.500 – 1.000 |")
+
+
+def test_equal_steps_train_each_method_at_its_own_rate_for_the_same_steps():
+    results = quality_at_equal_steps(["softmax", "linformer"], 3, lrs={"softmax": 1e-3, "linformer": 2e-2},
+                                     seeds=(0, 1), k=8, **SMALL)
+    assert [(r.attention, r.seed, r.lr, r.steps) for r in results] == [
+        ("softmax", 0, 1e-3, 3), ("softmax", 1, 1e-3, 3), ("linformer", 0, 2e-2, 3), ("linformer", 1, 2e-2, 3)]
+    # the rate is what it says: the same seed at another rate trains another model
+    other = train_for("softmax", steps=3, lr=2e-2, seed=0, **SMALL)
+    assert not all(torch.equal(a, b) for a, b in zip(other.model.parameters(), results[0].model.parameters()))
+
+
+def _result(kind, lr, seed, accuracy):
+    return QualityResult(kind, seed, 40, 5, 1.0, 0.1, accuracy, 10, lr=lr)
+
+
+def test_best_rates_takes_the_best_mean_over_seeds_and_the_smaller_rate_on_a_tie():
+    grid = [_result("softmax", 1e-3, 0, 0.9), _result("softmax", 1e-3, 1, 0.1),  # mean 0.5
+            _result("softmax", 3e-3, 0, 0.6), _result("softmax", 3e-3, 1, 0.6),  # mean 0.6: best
+            _result("window", 3e-3, 0, 0.4), _result("window", 1e-3, 0, 0.4)]  # a tie
+    assert best_rates(grid) == {"softmax": 3e-3, "window": 1e-3}  # not the best single seed (0.9)
+    sweep = lr_sweep(["window"], [1e-3, 1e-2], 2, seeds=(0,), window=2, **SMALL)
+    assert [(r.lr, r.steps) for r in sweep] == [(1e-3, 2), (1e-2, 2)]
+    assert best_rates(sweep)["window"] == max(sweep, key=lambda r: (r.accuracy, -r.lr)).lr
+    with pytest.raises(ValueError, match="at least one"):
+        lr_sweep(["window"], [], 2, **SMALL)
+
+
+def test_the_learning_rate_sweep_tool_runs_in_smoke_mode_and_the_stored_sweep_is_complete(tmp_path):
+    spec = importlib.util.spec_from_file_location("equal_steps_lr", ROOT / "tools" / "runs" / "equal_steps_lr.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    path = tool.main(["--smoke", "--out-dir", str(tmp_path)])
+    for run in (stored_runs.load_run(path.stem, tmp_path), stored_runs.load_run("equal_steps_lr_cpu")):
+        settings = run["settings"]
+        assert stored_runs.missing_fields(run) == []
+        assert len(run["results"]) == len(tool.ATTENTIONS) * len(settings["lrs"]) * len(run["seeds"])
+        assert {r["steps"] for r in run["results"]} == {settings["steps"]}  # equal steps, every run
+        chosen = {kind: max(settings["lrs"], key=lambda lr: (dict(run["curves"][kind])[lr], -lr))
+                  for kind in tool.ATTENTIONS}
+        assert run["best_lr"] == chosen  # the best mean accuracy over the seeds

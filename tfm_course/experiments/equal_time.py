@@ -1,30 +1,30 @@
-"""Quality at equal training time: each attention variant trained for the same seconds.
+"""Quality at equal training steps, each attention variant at its own learning rate.
 
-    results = quality_at_equal_time(["softmax", "window", "linformer", "performer"], seconds=5)
-    [(r.attention, r.steps, r.accuracy) for r in results]
+    results = quality_at_equal_steps(["softmax", "window", "linformer", "performer"], steps=75,
+                                     lrs={"softmax": 6e-3, "window": 1.2e-2, ...})
+    sweep = lr_sweep(["softmax", "window"], lrs=(3e-3, 6e-3, 1.2e-2), steps=75, seeds=(0, 1))
+    best_rates(sweep)          # {"softmax": ..., "window": ...}: the best mean accuracy per method
 
 Every run trains a :class:`~tfm_course.models.recall_classifier.RecallClassifier` (same width,
 depth and projections; only the attention differs) on fresh batches of
-:func:`~tfm_course.data.scattered_recall.scattered_recall` for a budget of ``seconds``, then
-scores it on a fixed held-out set: the fraction of queries answered with the right value.
-A faster method gets more steps in the same time; a cheaper approximation may learn less per step
-— the comparison weighs both.
+:func:`~tfm_course.data.scattered_recall.scattered_recall` for a budget of ``steps``, then scores
+it on a fixed held-out set: the fraction of queries answered with the right value. A budget in
+steps decides the outcome the same way on every machine, however slow or busy; time is
+*measured* alongside (``step_ms``, the fastest of several steps, on a CPU its CPU time), so the
+steps-per-second ratio between two methods can be reported, but it decides nothing.
 
-How the budget is spent (``timing``):
-
-* ``"measured"`` (default): first time one training step (the fastest of several, after a
-  warm-up; on a CPU its CPU time, which other programs do not inflate), then train
-  ``seconds / step`` steps. The step count, hence the result, barely depends on how busy the
-  machine is.
-* ``"wall"``: train until ``seconds`` of wall-clock time have passed (``train(time_limit_s=)``).
+``seconds`` (the older budget) is still accepted by :func:`train_for`: ``timing="measured"``
+converts it to ``seconds / step`` steps from the measured step time, ``"wall"`` trains until that
+much wall-clock time has passed. Both depend on the machine, so the chapter does not use them.
 
 On a CPU the runs use one thread (steadier on a busy machine, and what a small model needs) and
 flush subnormal floats to zero (:func:`flush_denormals`): without it, Linformer's training steps
-slowed down about threefold after a few dozen steps (30 → 90 ms of CPU time at n = 256) while its
-budget was computed from the fast steps, so it silently got more compute than the others.
+slowed down about threefold after a few dozen steps (30 → 90 ms of CPU time at n = 256), which
+makes its measured step time misleading.
 
-:func:`quality_table` summarises :func:`quality_at_equal_time` per method as a markdown table
-(the time / memory sweep's tables are in :mod:`tfm_course.experiments.scaling`).
+:func:`quality_table` summarises the results per method as a markdown table (the time / memory
+sweep's tables are in :mod:`tfm_course.experiments.scaling`); the learning rates of chapter 10
+come from the stored sweep ``tools/runs/equal_steps_lr.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import copy
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +45,9 @@ from ..models.recall_classifier import RecallClassifier
 from ..train import train
 from .measure import time_fn
 
-__all__ = ["QualityResult", "recall_accuracy", "train_for", "quality_at_equal_time", "TASK",
-           "quality_table", "flush_denormals"]
+__all__ = ["QualityResult", "recall_accuracy", "train_for", "quality_at_equal_steps",
+           "quality_at_equal_time", "lr_sweep", "best_rates", "TASK", "quality_table",
+           "flush_denormals"]
 
 # with length = n. Every key is a record's (num_keys = num_records) and lr = 6e-3: softmax
 # attention then learns n = 256 in about 75 steps (about 200 with 64 keys and lr = 3e-3)
@@ -60,11 +61,12 @@ class QualityResult:
     attention: str
     seed: int
     length: int
-    steps: int  # optimisation steps taken within the budget
+    steps: int  # optimisation steps taken (the budget)
     step_ms: float  # one training step, the fastest of several (CPU time on a CPU), before training
     seconds: float  # wall-clock time the training loop took
     accuracy: float  # on the held-out queries; chance is 1 / num_values
     parameters: int
+    lr: float = 6e-3  # the (constant) AdamW learning rate it trained with
     model: nn.Module | None = field(default=None, repr=False, compare=False)  # the trained model
 
     def as_dict(self) -> dict:
@@ -106,26 +108,31 @@ def _loss(model: nn.Module, batch: ScatteredRecallBatch) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
 
 
-def train_for(attention: str, seconds: float, seed: int = 0, length: int = 256,
+def train_for(attention: str, seconds: float | None = None, seed: int = 0, length: int = 256,
               batch_size: int = 16, lr: float = 6e-3, device: torch.device | str | None = None,
               test_size: int = 256, progress: bool = False, task: dict | None = None,
               timing: str = "measured", steps: int | None = None,
               **model_options: int) -> QualityResult:
-    """Train one model for a budget of ``seconds`` and score it; see the module docstring.
+    """Train one model for ``steps`` optimisation steps (or, older, ``seconds``) and score it.
 
-    ``steps`` instead trains exactly that many steps (``seconds`` and ``timing`` are then unused:
-    a comparison at equal steps, i.e. quality per step).
+    Give exactly one budget. ``steps`` fixes the outcome on every machine; ``seconds`` is turned
+    into steps by ``timing`` (see the module docstring) and so depends on the machine.
 
     ``task`` overrides :data:`TASK` (records, queries, keys, values); ``model_options`` go to
     :class:`RecallClassifier` (``d_model``, ``num_heads``, ``num_layers``, ``window``, ``k``,
     ``num_features``). The held-out set is the same for every attention and seed.
     """
-    if seconds <= 0:
+    if (seconds is None) == (steps is None):
+        raise ValueError(f"give exactly one budget, steps or seconds; got steps={steps}, "
+                         f"seconds={seconds}")
+    if seconds is not None and seconds <= 0:
         raise ValueError(f"seconds must be positive, got {seconds}")
     if timing not in ("measured", "wall"):
         raise ValueError(f"timing must be 'measured' or 'wall', got {timing!r}")
     if steps is not None and steps < 1:
         raise ValueError(f"steps must be positive, got {steps}")
+    if lr <= 0:
+        raise ValueError(f"lr must be positive, got {lr}")
     device = torch.device(device) if device is not None else get_device()
     task = {**TASK, **(task or {}), "length": length}
     test = scattered_recall(test_size, **task, generator=torch.Generator().manual_seed(10_000),
@@ -149,7 +156,7 @@ def train_for(attention: str, seconds: float, seed: int = 0, length: int = 256,
                         desc=attention)
         accuracy = recall_accuracy(model, test)
     return QualityResult(attention, seed, length, len(history.steps), 1e3 * step_s, history.seconds,
-                         accuracy, sum(p.numel() for p in model.parameters()), model)
+                         accuracy, sum(p.numel() for p in model.parameters()), lr, model)
 
 
 def _step_seconds(model: nn.Module, task: dict, batch_size: int, lr: float,
@@ -185,18 +192,51 @@ def _step_seconds(model: nn.Module, task: dict, batch_size: int, lr: float,
 
 def quality_at_equal_time(attentions: Sequence[str], seconds: float, seeds: Sequence[int] = (0,),
                           **options) -> list[QualityResult]:
-    """:func:`train_for` every attention kind with every seed, the same ``seconds`` each."""
+    """:func:`train_for` every attention kind with every seed, the same ``seconds`` each (machine-
+    dependent; prefer :func:`quality_at_equal_steps`)."""
     return [train_for(kind, seconds, seed=seed, **options) for kind in attentions for seed in seeds]
 
 
+def quality_at_equal_steps(attentions: Sequence[str], steps: int, lrs: Mapping[str, float],
+                           seeds: Sequence[int] = (0,), **options) -> list[QualityResult]:
+    """:func:`train_for` every attention kind with every seed for the same ``steps``, each at its
+    own learning rate ``lrs[kind]`` (e.g. :func:`best_rates` of a :func:`lr_sweep`)."""
+    missing = [kind for kind in attentions if kind not in lrs]
+    if missing:
+        raise ValueError(f"lrs must give a rate for every attention; missing {missing}")
+    return [train_for(kind, steps=steps, seed=seed, lr=lrs[kind], **options)
+            for kind in attentions for seed in seeds]
+
+
+def lr_sweep(attentions: Sequence[str], lrs: Sequence[float], steps: int,
+             seeds: Sequence[int] = (0,), **options) -> list[QualityResult]:
+    """Every attention × learning rate × seed, ``steps`` each: the grid :func:`best_rates` reads."""
+    if not lrs:
+        raise ValueError("lrs must list at least one learning rate")
+    return [train_for(kind, steps=steps, seed=seed, lr=lr, **options)
+            for kind in attentions for lr in lrs for seed in seeds]
+
+
+def best_rates(results: Sequence[QualityResult]) -> dict[str, float]:
+    """Per attention kind, the learning rate with the best held-out accuracy averaged over seeds
+    (a tie goes to the smaller rate)."""
+    mean: dict[str, dict[float, list[float]]] = {}
+    for r in results:
+        mean.setdefault(r.attention, {}).setdefault(r.lr, []).append(r.accuracy)
+    return {kind: max(sorted(by_lr), key=lambda lr: sum(by_lr[lr]) / len(by_lr[lr]))
+            for kind, by_lr in mean.items()}
+
+
 def quality_table(results: Sequence[QualityResult]) -> str:
-    """One row per attention: seeds, steps reached, ms per step, held-out accuracy (mean, min–max)."""
-    lines = ["| attention | seeds | steps | ms / step | accuracy (mean) | min – max |",
-             "|---|---:|---:|---:|---:|---:|"]
+    """One row per attention: seeds, learning rate, steps, ms per step, held-out accuracy (mean,
+    min–max)."""
+    lines = ["| attention | seeds | lr | steps | ms / step | accuracy (mean) | min – max |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for kind in dict.fromkeys(r.attention for r in results):
         mine = [r for r in results if r.attention == kind]
         accs = [r.accuracy for r in mine]
-        lines.append(f"| {kind} | {len(mine)} | {sum(r.steps for r in mine) / len(mine):.0f} | "
+        rates = "/".join(f"{lr:g}" for lr in dict.fromkeys(r.lr for r in mine))
+        lines.append(f"| {kind} | {len(mine)} | {rates} | {sum(r.steps for r in mine) / len(mine):.0f} | "
                      f"{sum(r.step_ms for r in mine) / len(mine):.1f} | "
                      f"{sum(accs) / len(accs):.3f} | {min(accs):.3f} – {max(accs):.3f} |")
     return "\n".join(lines)
