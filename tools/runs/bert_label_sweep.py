@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import resource
 import shlex
 import statistics
 import sys
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> Path:
     if args.merge:
         previous = stored_runs.load_run(name, out)
         kept = [r for r in previous["curves"]["records"] if r["start"] not in args.starts]
-        run["merged_from"] = previous["command"]
+        run["merged_from"] = {k: previous.get(k) for k in ("command", "commit", "date", "cpu_seconds",
+                                                           "wall_seconds", "cpu_seconds_note", "merged_from")}
     if args.workers == 0:  # in this process (the tests' smoke run)
         _init(*init)
     with (mp.get_context("spawn").Pool(args.workers, _init, init) if args.workers else _InProcess()) as pool:
@@ -142,6 +144,9 @@ def main(argv: list[str] | None = None) -> Path:
         best, means = choose(records, s, n)
         summary.append(_row(records, s, n, best, means[best], best in (min(means), max(means))))
     run["curves"] = {"summary": summary, "records": records}
+    stored_runs.finish_run(run)  # this process; the workers' CPU time is added below (reaped children)
+    run["cpu_seconds"] += resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime + \
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
     run["steps"] = {"fine_tuning": ft_steps}
     run["tokens_seen"] = {"fine_tuning_per_run": run["steps"]["fine_tuning"] * R.SIZES[size]["ft_batch"]
                           * R.SIZES[size]["length"]}

@@ -27,8 +27,9 @@ from tfm_course.device import get_device
 from tfm_course.experiments import bert_recipe as R
 from tfm_course.experiments import stored_runs
 
-RUNS = {"short": dict(steps=None, all_mask=False), "long": dict(steps=3000, all_mask=False),
-        "all_mask": dict(steps=3000, all_mask=True)}
+# steps as multiples of the size's own ("short") run: 500 / 3,000 on the CPU, 6,000 / 36,000 on a GPU
+RUNS = {"short": dict(times=1, all_mask=False), "long": dict(times=6, all_mask=False),
+        "all_mask": dict(times=6, all_mask=True)}
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> Path:
     device = get_device()
     size = args.size or ("cpu" if device.type == "cpu" else "gpu")
     sizes = dict(R.SIZES[size], **({"lr": args.lr} if args.lr else {}))
-    steps = 6 if args.smoke else (RUNS[args.run]["steps"] or sizes["steps"])
+    steps = 6 if args.smoke else RUNS[args.run]["times"] * sizes["steps"]
     name = (f"bert_mlm_{args.run}" + (f"_lr{args.lr:g}" if args.lr else "") + f"_{size}"
             + ("_smoke" if args.smoke else ""))
     command = "python tools/runs/bert_pretraining.py " + shlex.join(argv if argv is not None else sys.argv[1:])
