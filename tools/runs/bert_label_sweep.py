@@ -24,7 +24,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 
 from tfm_course.device import get_device
 from tfm_course.experiments import bert_recipe as R
