@@ -105,13 +105,12 @@ def _mlm_data(sizes: dict[str, Any], device: torch.device | str) -> MLMData:
                                   sizes["length"], cls, sep).to(device)
             for split in ("train", "validation")}
     special_ids = [tok.special_ids[t] for t in SPECIALS]
-    data = MLMData(tok, special_ids, rows["train"], rows["validation"], rows["validation"], rows["validation"])
     valid = rows["validation"][: sizes["n_valid"]]
     g = torch.Generator(device=device).manual_seed(123)
-    data.valid_inputs, data.valid_labels = mask_tokens(valid, data.is_special(valid), tok.vocab_size,
-                                                       data.id("[MASK]"), p=VALID_P, generator=g,
-                                                       special_ids=special_ids)
-    return data
+    valid_inputs, valid_labels = mask_tokens(valid, torch.isin(valid, torch.tensor(special_ids, device=device)),
+                                             tok.vocab_size, tok.special_ids["[MASK]"], p=VALID_P, generator=g,
+                                             special_ids=special_ids)
+    return MLMData(tok, special_ids, rows["train"], rows["validation"], valid_inputs, valid_labels)
 
 
 def model_config(data: MLMData, sizes: dict[str, Any]) -> BertConfig:
