@@ -73,6 +73,24 @@ def noam(d_model: int, warmup: int) -> Schedule:
     return schedule
 
 
+# --------------------------------------------------------------------------- optimiser groups
+def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW parameter groups as nanoGPT's ``configure_optimizers`` makes them: ``weight_decay`` on
+    every parameter with two or more dimensions (the matrices of the linear layers and the
+    embeddings, a tied output layer once), none on the 1-D ones (biases, normalisation gains).
+
+    >>> torch.optim.AdamW(weight_decay_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.99))
+
+    Decaying a gain pulls it towards 0, not towards its natural value 1, and a bias has no scale
+    to regularise, which is why the references leave them out.
+    """
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    params = [p for p in model.parameters() if p.requires_grad]  # parameters() yields a tied one once
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
 # --------------------------------------------------------------------------- history
 @dataclass
 class History:
