@@ -11,7 +11,7 @@ import tfm_course.decoding as decoding
 from cuda_helpers import needs_cuda
 from tfm_course.attention import kv_cache_bytes
 from tfm_course.decoding import (beam_decode, beam_search, generate, greedy_decode, greedy_search,
-                                 length_penalty, sample, top_k_filter, top_p_filter)
+                                 length_penalty, min_p_filter, sample, top_k_filter, top_p_filter)
 from tfm_course.models.transformer import KVCache, Recompute, Transformer
 
 PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
@@ -324,6 +324,30 @@ def test_top_p_filter_keeps_the_smallest_set_that_reaches_p():
         assert (mass >= p - 1e-6).all() and (mass - smallest < p).all()
 
 
+def test_min_p_filter_keeps_tokens_at_least_p_times_the_best():
+    probs = torch.tensor([[0.1, 0.5, 0.25, 0.15]])
+    keeps = {1.0: [1], 0.6: [1], 0.45: [1, 2], 0.3: [1, 2, 3], 0.19: [0, 1, 2, 3],
+             0.01: [0, 1, 2, 3]}  # (p = 0.2 or 0.5 would sit on a boundary)
+    for p, want in keeps.items():
+        kept = torch.isfinite(min_p_filter(probs.log(), p))[0].nonzero().flatten().tolist()
+        assert kept == want, (p, kept)
+    logits = torch.tensor([[2.0, 2.0, 0.0]])
+    assert torch.isfinite(min_p_filter(logits, 1.0)).tolist() == [[True, True, False]], "ties stay"
+    kept = min_p_filter(logits, 0.5)
+    assert torch.equal(kept[:, :2], logits[:, :2]), "kept logits unchanged"
+
+
+def test_min_p_filter_equals_hugging_face():
+    from transformers.generation.logits_process import MinPLogitsWarper, TemperatureLogitsWarper
+
+    g = torch.Generator().manual_seed(0)
+    for scale, temperature, p in [(1.0, 1.0, 0.05), (3.0, 0.7, 0.1), (5.0, 1.5, 0.3), (2.0, 1.0, 1.0)]:
+        logits = scale * torch.randn(64, 97, generator=g)
+        ids = torch.zeros(64, 1, dtype=torch.long)
+        theirs = MinPLogitsWarper(p)(ids, TemperatureLogitsWarper(temperature)(ids, logits.clone()))
+        assert torch.equal(min_p_filter(logits / temperature, p), theirs), (scale, temperature, p)
+
+
 def test_sampling_limits_equal_greedy():
     g = torch.Generator().manual_seed(0)
     logits = 3 * torch.randn(200, 50, generator=g)
@@ -335,6 +359,7 @@ def test_sampling_limits_equal_greedy():
     cold = sample(logits, temperature=1e-3, generator=g)
     assert clear.sum() > 150 and torch.equal(cold[clear], greedy[clear]), "T -> 0 is greedy"
     assert torch.equal(sample(logits, top_p=1e-6, generator=g), greedy), "a tiny nucleus is greedy"
+    assert torch.equal(sample(logits, min_p=1.0, generator=g), greedy), "min-p = 1 is greedy"
     hot = sample(logits, temperature=1.0, generator=g)
     assert not torch.equal(hot, greedy), "T = 1 samples"
 
@@ -346,6 +371,12 @@ def test_sample_follows_the_filtered_distribution():
     want = torch.softmax(torch.tensor([1.0, 2.0, 3.0]) / 2.0, -1)
     assert counts[0] == 0, "top-k removed the least likely token"
     torch.testing.assert_close(counts[1:] / 20000, want, atol=0.015, rtol=0)
+    # min-p after the temperature: at T = 0.5 the probabilities are 0.002, 0.016, 0.117, 0.865,
+    # so min_p = 0.1 (cut at 0.0865) keeps the last two
+    counts = torch.bincount(sample(logits, temperature=0.5, min_p=0.1, generator=g), minlength=4)
+    want = torch.softmax(torch.tensor([2.0, 3.0]) / 0.5, -1)
+    assert counts[:2].sum() == 0, "min-p removed the tokens below a tenth of the best"
+    torch.testing.assert_close(counts[2:] / 20000, want, atol=0.015, rtol=0)
 
 
 def test_seeded_sampling_is_reproducible():
@@ -360,6 +391,9 @@ def test_seeded_sampling_is_reproducible():
     (dict(top_k=2.5), "top_k must be an integer >= 1"),
     (dict(top_p=0.0), r"top_p must be a number in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be a number in \(0, 1\]"),
+    (dict(min_p=0.0), r"min_p must be a number in \(0, 1\]"),
+    (dict(min_p=1.5), r"min_p must be a number in \(0, 1\]"),
+    (dict(min_p=True), r"min_p must be a number in \(0, 1\]"),
     (dict(temperature=-1.0), "temperature must be a number >= 0"),
 ])
 def test_sampling_bad_input(kwargs, message):

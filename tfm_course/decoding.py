@@ -34,9 +34,10 @@ step), ``use_cache=True`` the **KV cache** (each layer keeps its keys and values
 tokens go through). The two must give identical tokens; the tests assert it with ``torch.equal``.
 
 The searches: :func:`generate` (greedy with ``temperature=0``, else sampling with temperature,
-top-k and top-p), :func:`greedy_search` (from ``<bos>``, for encoder-decoders) and
+top-k, top-p and min-p), :func:`greedy_search` (from ``<bos>``, for encoder-decoders) and
 :func:`beam_search` (K live hypotheses plus a list of finished ones, as fairseq and Hugging Face do).
-:func:`sample`, :func:`top_k_filter` and :func:`top_p_filter` turn logits into a token.
+:func:`sample`, :func:`top_k_filter`, :func:`top_p_filter` and :func:`min_p_filter` turn logits
+into a token.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ from typing import Callable, Protocol, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["Stepper", "top_k_filter", "top_p_filter", "sample", "generate", "greedy_search",
-           "length_penalty", "beam_search", "ban_tokens", "greedy_decode", "beam_decode"]
+__all__ = ["Stepper", "top_k_filter", "top_p_filter", "min_p_filter", "sample", "generate",
+           "greedy_search", "length_penalty", "beam_search", "ban_tokens", "greedy_decode",
+           "beam_decode"]
 
 
 class Stepper(Protocol):
@@ -115,25 +117,46 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+def min_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Min-p filtering (Nguyen et al., 2024): keep the tokens whose probability is at least ``p``
+    times the most likely token's, set the others to ``-inf``: ``(..., V) -> (..., V)``.
+
+    The cut scales with the model's confidence: a peaked distribution keeps few tokens, a flat one
+    many. The most likely token always stays; ``p = 1`` keeps only it (and its ties). Same rule as
+    Hugging Face's ``MinPLogitsWarper`` (probabilities from a softmax of the logits as given, so
+    apply the temperature first); on paper, ``logit >= max logit + log p``.
+    """
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+        raise ValueError(f"min_p must be a number in (0, 1], got {p!r}")
+    probs = logits.float().softmax(dim=-1)
+    drop = probs < p * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _check_sampling(temperature: float, top_k: int | None, top_p: float | None,
+                    min_p: float | None = None) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None:
         top_k_filter(torch.zeros(1, 1), top_k)  # raises with the message
     if top_p is not None:
         top_p_filter(torch.zeros(1, 1), top_p)
+    if min_p is not None:
+        min_p_filter(torch.zeros(1, 1), min_p)
 
 
 def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
-           top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+           top_p: float | None = None, generator: torch.Generator | None = None,
+           min_p: float | None = None) -> Tensor:
     """One token per row of ``logits (N, V)``: returns ``(N,)`` long.
 
-    Divides the logits by ``temperature``, keeps the ``top_k`` best, then the top-p nucleus, and
-    draws from the softmax of what is left (the order Hugging Face uses; top-k does not depend on
-    the temperature, top-p does). ``temperature=0`` is the limit of that: the argmax, i.e. greedy.
-    ``generator`` (on the logits' device) makes the draw reproducible.
+    Divides the logits by ``temperature``, keeps the ``top_k`` best, then the top-p nucleus, then
+    the min-p set, and draws from the softmax of what is left (the order Hugging Face uses; top-k
+    does not depend on the temperature, top-p and min-p do). ``temperature=0`` is the limit of
+    that: the argmax, i.e. greedy. ``generator`` (on the logits' device) makes the draw
+    reproducible.
     """
-    _check_sampling(temperature, top_k, top_p)
+    _check_sampling(temperature, top_k, top_p, min_p)
     if logits.dim() != 2:
         raise ValueError(f"logits must be (N, V), got {tuple(logits.shape)}")
     if temperature == 0:
@@ -143,6 +166,8 @@ def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
+    if min_p is not None:
+        logits = min_p_filter(logits, min_p)
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
@@ -150,7 +175,7 @@ def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
 def generate(stepper: Callable[[Tensor], Tensor], prompt: Tensor, max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, eos_id: int | None = None,
-             pad_id: int = 0) -> Tensor:
+             pad_id: int = 0, min_p: float | None = None) -> Tensor:
     """Extend ``prompt (B, t0)`` by up to ``max_new_tokens``: returns ``(B, t0 + n)``, n <= max_new_tokens.
 
     Each step asks the stepper for the next-token logits of every row and picks a token with
@@ -162,14 +187,14 @@ def generate(stepper: Callable[[Tensor], Tensor], prompt: Tensor, max_new_tokens
                          f"{tuple(prompt.shape)} {prompt.dtype}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    _check_sampling(temperature, top_k, top_p)
+    _check_sampling(temperature, top_k, top_p, min_p)
     batch, every = prompt.shape[0], _checks_every(prompt.device)
     seq = prompt
     done = torch.zeros(batch, dtype=torch.bool, device=prompt.device)
     for step in range(max_new_tokens):
         logits = stepper(seq)
         _check_logits(logits, batch)
-        token = sample(logits, temperature, top_k, top_p, generator)
+        token = sample(logits, temperature, top_k, top_p, generator, min_p)
         if eos_id is not None:
             token = token.masked_fill(done, pad_id)
             done = done | (token == eos_id)

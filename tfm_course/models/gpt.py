@@ -224,7 +224,7 @@ class GPT(nn.Module):
     def generate(self, ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None,
                  generator: torch.Generator | None = None, use_cache: bool = True,
-                 eos_id: int | None = None) -> Tensor:
+                 eos_id: int | None = None, min_p: float | None = None) -> Tensor:
         """Continue the prompt ``ids`` ``(B, t0)``: returns ``(B, t0 + max_new_tokens)`` (fewer
         with ``eos_id``, once every row has produced it).
 
@@ -239,7 +239,7 @@ class GPT(nn.Module):
         self.eval()
         try:
             return decoding.generate(self.stepper(use_cache), ids, max_new_tokens, temperature,
-                                     top_k, top_p, generator, eos_id=eos_id)
+                                     top_k, top_p, generator, eos_id=eos_id, min_p=min_p)
         finally:
             self.train(was_training)
 
