@@ -338,25 +338,13 @@ def test_on_cuda_a_training_step_under_autocast_is_finite():
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-# --------------------------------------------------------------------------- stored seed sweep
-def test_stored_tokenizer_seed_sweep_is_complete():
-    """tools/runs/sweep_gpt_seeds.py's stored runs (chapter 8 loads them): both tokenizers, the same
-    seeds, one record per run, plausible bits per byte."""
-    from tfm_course.results import available, load_result
-
-    assert "gpt_tokenizer_seeds_cpu" in available()
-    report = load_result("gpt_tokenizer_seeds_cpu")
-    from pathlib import Path
-
-    # the command as it was run: runs stored before the tool moved to tools/runs/ name its old path
-    assert report["command"].startswith(("python tools/runs/sweep_gpt_seeds.py",
-                                          "python tools/sweep_gpt_seeds.py"))
-    assert (Path(__file__).resolve().parents[1] / "tools" / "runs" / "sweep_gpt_seeds.py").is_file()
-    assert "thread" in report["machine"] and "torch" in report["machine"]
-    seeds = {name: sorted(r["seed"] for r in report["records"] if r["tokenizer"] == name)
-             for name in ("characters", "BPE")}
-    assert seeds["characters"] == seeds["BPE"] and len(seeds["BPE"]) >= 3
-    assert len({(r["tokenizer"], r["seed"]) for r in report["records"]}) == len(report["records"])
-    for r in report["records"]:
-        assert 0.5 < r["bits_per_byte"] < report["unigram_bits_per_byte"][r["tokenizer"]] + 1
-        assert r["steps"] >= 1 and r["cpu_seconds"] > 0
+@pytest.mark.hf
+def test_gpt1_count_is_hugging_faces_once_the_final_layernorm_it_lacks_is_left_out():
+    """Chapter 8's table: GPT-1 is post-LN, so our pre-LN GPT's final LayerNorm is not in it."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.OpenAIGPTConfig(vocab_size=40478, n_positions=512, n_embd=768, n_layer=12, n_head=12)
+    with torch.device("meta"):
+        theirs = sum(p.numel() for p in transformers.OpenAIGPTLMHeadModel(config).parameters())
+        ours = GPT(GPTConfig(vocab_size=40478, max_len=512, d_model=768, n_layers=12, n_heads=12))
+    n = sum(p.numel() for p in ours.parameters()) - sum(p.numel() for p in ours.norm.parameters())
+    assert n == theirs == 116_534_784

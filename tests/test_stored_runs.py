@@ -20,7 +20,7 @@ from tfm_course.results import available
 ROOT = Path(__file__).resolve().parent.parent
 # Made before stored runs carried full provenance (commit, corpus, CPU seconds); each names its
 # command and machine and has its own test in test_results.py.
-LEGACY = {"bench_recall_cpu", "bench_recall_cpu_64", "gpt_tokenizer_seeds_cpu"}
+LEGACY = {"bench_recall_cpu", "bench_recall_cpu_64"}
 RUNS = [name for name in available() if name not in LEGACY]
 PRETRAINING = [name for name in RUNS if name.startswith("bert_mlm_")]
 
@@ -132,3 +132,53 @@ def test_the_tools_run_in_smoke_mode(tmp_path):
     assert {row["start"] for row in run["curves"]["summary"]} == set(sweep.STARTS) | set(sweep.BASELINES)
     short = stored_runs.load_run("bert_mlm_short_cpu_smoke", tmp_path)
     assert short["steps"] == {"seed0": 6} and stored_runs.load_checkpoint(short, "seed0", tmp_path)
+
+
+# --------------------------------------------------------------------------- chapter 8's compute sweep
+def _gpt_sweep_is_well_formed(run, budgets, seeds):
+    from tfm_course.experiments import gpt_recipe
+
+    assert stored_runs.missing_fields(run) == [] and run["settings"]["partial"] is False
+    assert run["settings"]["recipe"]["betas"] == [0.9, 0.99] and run["settings"]["recipe"]["weight_decay"] == 0.1
+    for name in gpt_recipe.TOKENIZERS:
+        lines = [run["settings"]["ngram_bits_per_byte"][name][str(o)] for o in (1, 2, 3, 4)]
+        assert lines == sorted(lines, reverse=True)
+        for b in budgets:
+            mine = [r for r in run["records"] if r["tokenizer"] == name and r["budget"] == b]
+            tried = {r["lr"]: r["bits_per_byte"] for r in mine if r["seed"] == seeds[0]}
+            best = min(tried, key=tried.get)
+            assert len(tried) >= 2  # a ladder, not one guess
+            # the best rate is inside the tried range, or at the ladder's limit
+            assert min(tried) < best < max(tried) or best in (0.00025, 0.008)  # or the ladder's limit
+            at_best = sorted(r["seed"] for r in mine if r["lr"] == best)
+            assert at_best == sorted(seeds)  # every seed at the chosen rate
+            assert all(r["steps"] == run["settings"]["steps_per_budget"][str(b)][name] for r in mine)
+    for name in gpt_recipe.TOKENIZERS:
+        state = stored_runs.load_checkpoint(run, name, Path(run["_folder"]) if "_folder" in run else None)
+        model = gpt_recipe.make_model(state["tok_embed.weight"].shape[0])
+        model.load_state_dict({k: v.float() for k, v in state.items()})
+
+
+def test_the_gpt_compute_sweep_is_complete_and_its_checkpoints_reproduce_it():
+    from tfm_course.experiments import gpt_recipe
+
+    run = stored_runs.load_run("gpt_compute_sweep_cpu")
+    budgets, seeds = run["settings"]["budgets"], run["seeds"]
+    assert budgets == [200, 800, 2000, 3200] and len(seeds) >= 3
+    _gpt_sweep_is_well_formed(run, budgets, seeds)
+    if not stored_runs.same_corpus(run):
+        pytest.skip("this Python's standard library gives another corpus than the run's")
+    for name, where in run["settings"]["checkpoint_runs"].items():
+        model = gpt_recipe.make_model(gpt_recipe.lm_data(name).vocab_size)
+        model.load_state_dict({k: v.float() for k, v in stored_runs.load_checkpoint(run, name).items()})
+        stored = next(r["bits_per_byte"] for r in run["records"] if r["tokenizer"] == name and
+                      r["budget"] == where["budget"] and r["lr"] == where["lr"] and r["seed"] == where["seed"])
+        # fp16 weights: within a hundredth of a bit of the fp32 model's score
+        assert gpt_recipe.bits_per_byte(model, gpt_recipe.lm_data(name)) == pytest.approx(stored, abs=0.01)
+
+
+def test_the_gpt_compute_sweep_tool_runs_in_smoke_mode(tmp_path):
+    path = _tool("gpt_compute_sweep").main(["--smoke", "--workers", "0", "--out-dir", str(tmp_path)])
+    run = json.loads(path.read_text())
+    run["_folder"] = str(tmp_path)
+    _gpt_sweep_is_well_formed(run, run["settings"]["budgets"], run["seeds"])

@@ -37,7 +37,7 @@ from ..train import History, train, warmup_cosine, weight_decay_groups
 
 __all__ = ["RECIPE", "GPU_RECIPE", "TOKENIZERS", "LMData", "lm_data", "equal_compute_steps", "warmup_steps",
            "flops_per_token", "make_model", "make_optimizer", "eval_windows", "bits_per_byte", "train_lm", "ngram_bits_per_byte",
-           "bits_by_position"]
+           "bits_by_position", "token_nll", "ngram_model"]
 
 TOKENIZERS = ("characters", "BPE")
 RECIPE: dict[str, Any] = dict(d_model=128, n_layers=4, n_heads=4, block=64, batch=12, dropout=0.0,
@@ -107,8 +107,9 @@ def _config(vocab_size: int, recipe: dict[str, Any]) -> GPTConfig:
 def flops_per_token(name: str, recipe: dict[str, Any] = RECIPE) -> int:
     """Training FLOPs per token of the recipe's model over tokenizer ``name`` (counted on the meta
     device: no weights are made)."""
+    config = _config(lm_data(name).vocab_size, recipe)  # the data outside the meta device
     with torch.device("meta"):
-        return GPT(_config(lm_data(name).vocab_size, recipe)).flops_per_token(recipe["block"])
+        return GPT(config).flops_per_token(recipe["block"])
 
 
 def equal_compute_steps(char_steps: int, recipe: dict[str, Any] = RECIPE) -> dict[str, int]:
@@ -168,11 +169,11 @@ def bits_by_position(model: GPT, data: LMData, ids: Tensor | None = None) -> Ten
     device = next(model.parameters()).device
     windows = eval_windows(ids, model.config.max_len).to(device)
     model.eval()
-    nats = torch.cat([_nll(model(c[:, :-1])[0].float(), c[:, 1:]) for c in windows.split(64)])
+    nats = torch.cat([token_nll(model(c[:, :-1])[0].float(), c[:, 1:]) for c in windows.split(64)])
     return (nats.mean(0) / math.log(2)).cpu()
 
 
-def _nll(logits: Tensor, targets: Tensor) -> Tensor:
+def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
     """Per-token negative log-likelihood in nats, ``(B, T, V), (B, T) -> (B, T)``."""
     return -logits.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
 
@@ -209,7 +210,9 @@ def train_lm(data: LMData, steps: int, lr: float, seed: int = 0, recipe: dict[st
 
 
 @lru_cache(maxsize=None)
-def _ngram(name: str, order: int):
+def ngram_model(name: str, order: int):
+    """The count-based model of ``order`` fitted on tokenizer ``name``'s training tokens (the add-one
+    unigram for order 1, interpolated modified Kneser-Ney above); cached."""
     data = lm_data(name)  # the training tokens do not depend on the validation length
     if order == 1:
         return Unigram(data.vocab_size).fit([data.train])
@@ -223,5 +226,5 @@ def ngram_bits_per_byte(data: LMData, order: int, block: int = RECIPE["block"]) 
     if order not in (1, 2, 3, 4):
         raise ValueError(f"order must be 1, 2, 3 or 4, got {order}")
     windows = eval_windows(data.valid, block)
-    nats = _ngram(data.name, order).score_windows(windows[:, :-1], targets=windows[:, 1:])
+    nats = ngram_model(data.name, order).score_windows(windows[:, :-1], targets=windows[:, 1:])
     return float(nats.sum()) / math.log(2) / data.token_bytes[windows[:, 1:]].sum().item()
