@@ -3,6 +3,7 @@
     seconds = time_fn(lambda: model(x))            # median of 5 runs after a warm-up, GPU synchronised
     saved = saved_tensor_bytes(lambda: model(x))   # activations autograd keeps for backward
     flops = count_flops(lambda: model(x))          # matmul-type FLOPs, a multiply-add counts 2
+    shares = profile_breakdown(lambda: step(x))    # where the time goes: matmuls, attention, ...
 
 How a cost grows with the sequence length (sweeps, log-log slopes, crossovers) is in
 :mod:`tfm_course.experiments.scaling`.
@@ -10,10 +11,14 @@ How a cost grows with the sequence length (sweeps, log-log slopes, crossovers) i
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import statistics
+import sys
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -164,3 +169,132 @@ def count_flops(fn: Callable[[], Any]) -> int:
     with sdpa_kernel(SDPBackend.MATH), counter:
         fn()
     return counter.get_total_flops()
+
+
+# --------------------------------------------------------------------------- where the time goes
+BREAKDOWN = ("matrix multiplies", "attention kernel", "cross-entropy", "optimiser", "other operators",
+             "Python and dispatch")
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "addmv", "mv", "dot",
+            "_addmm_activation"}
+_KINDS = [  # (category, pattern of an aten op's name without "aten::", or of an autograd node)
+    ("attention kernel", re.compile(r"scaled_dot_product|flash_attention|efficient_attention|"
+                                    r"cudnn_attention|ScaledDotProduct\w*Backward")),
+    ("cross-entropy", re.compile(r"cross_entropy|log_softmax|nll_loss|LogSoftmaxBackward|"
+                                 r"NllLoss\w*Backward")),
+    ("optimiser", re.compile(r"^Optimizer\.|_foreach_|adam", re.IGNORECASE)),
+    ("matrix multiplies", re.compile(r"(^|\b)(Mm|Addmm|Bmm|Baddbmm|Addmv|Mv|Dot)Backward\d*$")),
+]
+
+
+def _kind(name: str) -> str | None:
+    """The category an event's own name puts it in, or ``None``."""
+    op = name.removeprefix("aten::")
+    if name.startswith("aten::") and op in _MATMULS:
+        return "matrix multiplies"
+    return next((kind for kind, pattern in _KINDS if pattern.search(op)), None)
+
+
+def _category(event: Any) -> str:
+    """The category of the *outermost* categorised event around ``event`` (itself included), so
+    that the ``aten::bmm`` inside a math-backend attention counts as attention, the ``aten::t``
+    inside ``aten::linear`` as a matrix multiply, and everything under ``Optimizer.step`` as the
+    optimiser; "other operators" when nothing around it has a category."""
+    found = "other operators"
+    while event is not None:
+        found = _kind(event.name) or found
+        event = event.cpu_parent
+    return found
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Send what C++ code writes to file descriptor 2 to /dev/null for the block (Python's own
+    ``sys.stderr`` is flushed first and is untouched otherwise)."""
+    sys.stderr.flush()
+    try:
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no file descriptor 2 here: nothing to silence
+        yield
+        return
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def profile_breakdown(fn: Callable[[], Any], device: torch.device | str | None = None,
+                      repeats: int = 3, warmup: int = 1) -> dict[str, float]:
+    """Where the wall time of ``fn()`` goes: the share of each category in :data:`BREAKDOWN`,
+    measured with ``torch.profiler`` over ``repeats`` runs after ``warmup`` untimed ones.
+
+    The shares sum to 1. Each aten operator's **self** time (its own time, without the operators it
+    calls) is counted once, in the category of the outermost categorised operator around it:
+
+    * "matrix multiplies": ``aten::mm``, ``addmm``, ``bmm``, ``matmul``, ``linear`` (and
+      ``baddbmm``, ``addmv``, ``mv``, ``dot``) with what runs inside them (a ``linear``'s
+      transpose), and the operators of their backward nodes (``MmBackward0``: the transposes, the
+      gradient's matrix multiplies, a bias gradient's sum);
+    * "attention kernel": ``scaled_dot_product_attention`` and its flash / memory-efficient /
+      cuDNN / math variants, forward and backward. The math variant's forward ``bmm`` and softmax
+      count here, but its backward runs as the backward nodes of those operators and counts as
+      matrix multiplies and other operators; attention written out of ``matmul`` and ``softmax``
+      counts as those too;
+    * "cross-entropy": ``cross_entropy``, ``log_softmax``, ``nll_loss`` and their backward;
+    * "optimiser": everything inside ``Optimizer.step`` / ``zero_grad`` (PyTorch names these
+      ranges), and any ``_foreach_*`` or fused Adam operator;
+    * "other operators": the rest of the aten operators (layer norms, GELU, additions, copies,
+      embeddings, views);
+    * "Python and dispatch": the wall time left over — Python, the autograd engine's bookkeeping,
+      the dispatcher, allocations outside an operator, and the profiler's own cost.
+
+    On the CPU the categories hold the operators' self CPU time (elapsed time on the thread that ran
+    them; intra-op threads are inside it). On a GPU (``device`` a CUDA device, or ``None`` with
+    CUDA in use) they hold the time of the **kernels** each operator launched, and "Python and
+    dispatch" is the time the GPU sat idle, waiting for the CPU to queue work: the fixed cost that
+    a bigger batch hides. Limits: the profiler adds a few microseconds per operator, so a program
+    of many tiny operators looks more Python-bound than it is unprofiled; kernels on several CUDA
+    streams that overlap are summed (the total is then capped at the wall time: the shares are
+    divided by the larger of the two); time spent in other threads of the process is not seen.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    if device is None:
+        on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    else:
+        on_gpu = torch.device(device).type == "cuda"
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else []))
+    with _quiet_native_stderr():  # the profiler's C++ side prints "profiler_start" lines there
+        prof.start()
+    try:
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        synchronize(device)
+        wall = (time.perf_counter() - start) * 1e6  # microseconds, the profiler's unit
+    finally:
+        with _quiet_native_stderr():
+            prof.stop()
+    spent = dict.fromkeys(BREAKDOWN[:-1], 0.0)
+    for event in prof.events():
+        if event.device_type != DeviceType.CPU or event.is_async:
+            continue  # a kernel's own record: its time is already attached to the operator
+        if on_gpu:
+            us = event.self_device_time_total
+        else:
+            us = event.self_cpu_time_total if event.name.startswith("aten::") else 0.0
+        if us > 0:
+            spent[_category(event)] += us
+    busy = sum(spent.values())
+    total = max(wall, busy)
+    shares = {kind: t / total for kind, t in spent.items()}
+    shares["Python and dispatch"] = 1.0 - busy / total
+    return shares
