@@ -116,6 +116,31 @@ def test_the_papers_example():
     assert fill_spans(inputs, targets, SENTINELS, EOS) == ids.tolist()
 
 
+def test_sentinels_follow_the_tokenizers_length_by_the_documented_rule():
+    """<extra_id_i> = len(tokenizer) - 1 - i: t5-small's tokenizer has 32,000 pieces and 100 extra ids."""
+    tokenizer_length = 32_000 + 100
+    assert t5_sentinel_ids(tokenizer_length) == [tokenizer_length - 1 - i for i in range(100)]
+    assert t5_sentinel_ids(tokenizer_length, 1) == [32_099]
+    embedding_rows = 32_128  # t5-small's config.vocab_size: the tokenizer padded to a multiple of 128
+    assert embedding_rows % 128 == 0 and embedding_rows > tokenizer_length
+    wrong = t5_sentinel_ids(embedding_rows, 100)  # the pitfall: rows no token has, then off by 28
+    assert all(i >= tokenizer_length for i in wrong[:28]) and wrong[28] == tokenizer_length - 1
+
+
+def test_sentinels_match_an_offline_t5_tokenizer():
+    """Hugging Face's T5Tokenizer, built offline with Google's layout (<pad>, </s>, <unk>, the
+    pieces, then <extra_id_99> ... <extra_id_0>): the ids come from len(tokenizer)."""
+    transformers = pytest.importorskip("transformers")
+    pieces = [(f"\u2581w{i}", -float(i)) for i in range(500)]
+    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + pieces
+             + [(f"<extra_id_{i}>", 0.0) for i in range(99, -1, -1)])
+    tokenizer = transformers.T5Tokenizer(vocab=vocab)
+    theirs = tokenizer.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(100)])
+    assert len(tokenizer) == len(vocab) and t5_sentinel_ids(len(tokenizer)) == theirs
+    rows = -(-len(tokenizer) // 128) * 128  # an embedding padded as Google's are
+    assert t5_sentinel_ids(rows) != theirs
+
+
 def test_sentinels_count_down_from_the_top_of_the_vocabulary():
     assert t5_sentinel_ids(32100, 3) == [32099, 32098, 32097]  # <extra_id_0>, <extra_id_1>, ...
     ids = torch.arange(2, 302)
@@ -216,6 +241,8 @@ def test_t5_lengths_agree_with_t5s_helper_formula_away_from_float32_ties():
      "start with a kept token"),
     (lambda: span_corrupt_batch(torch.arange(5), SENTINELS, EOS), r"\(batch, length\)"),
     (lambda: t5_sentinel_ids(10, 20), "count"),
+    (lambda: t5_sentinel_ids(10.0, 3), r"len\(tokenizer\)"),
+    (lambda: t5_sentinel_ids(object(), 3), "integers"),
     (lambda: t5_raw_length(1), ">= 2"),
 ])
 def test_bad_input_gives_clear_errors(call, match):

@@ -17,13 +17,16 @@ target with one more sentinel (``<Z>``). T5's random masks, however, always *end
 span (they alternate kept / noise, starting with kept), so in pre-training the input ends with
 a sentinel and the target with the last dropped span, then ``</s>``.
 
-Sentinels are ids counted down from the top of the vocabulary, as T5's tokenizer has them:
-``<extra_id_0>`` is ``vocab_size - 1``, ``<extra_id_1>`` is ``vocab_size - 2``, …
-(:func:`t5_sentinel_ids`).
+Sentinels are ids counted down from the top of the *tokenizer*, as T5's tokenizer has them:
+``<extra_id_0>`` is ``len(tokenizer) - 1``, ``<extra_id_1>`` is ``len(tokenizer) - 2``, …
+(:func:`t5_sentinel_ids`). The model's embedding can have more rows than the tokenizer has
+tokens (Google's t5-small: 32,100 tokens, 32,128 rows, padded to a multiple of 128), so the
+count starts from the tokenizer's length, not from the embedding's.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import torch
@@ -119,11 +122,26 @@ def random_spans_noise_mask(length: int, noise_density: float = 0.15, mean_span_
 
 
 # --------------------------------------------------------------------------- corrupting
-def t5_sentinel_ids(vocab_size: int, count: int = 100) -> list[int]:
-    """``[<extra_id_0>, <extra_id_1>, ...]`` = ``[vocab_size − 1, vocab_size − 2, ...]`` (T5's order)."""
-    if count < 1 or vocab_size < count:
-        raise ValueError(f"need 1 <= count <= vocab_size, got count={count}, vocab_size={vocab_size}")
-    return list(range(vocab_size - 1, vocab_size - 1 - count, -1))
+def t5_sentinel_ids(tokenizer_length: int, count: int = 100) -> list[int]:
+    """``[<extra_id_0>, <extra_id_1>, ...]`` = ``[tokenizer_length − 1, tokenizer_length − 2, ...]``.
+
+    ``tokenizer_length`` is ``len(tokenizer)``: how many ids the tokenizer defines, its sentinels
+    included, which T5's tokenizer puts last, ``<extra_id_0>`` on top. It is *not* the number of
+    rows of the model's embedding, which Google's checkpoints pad (t5-small: ``len(tokenizer)`` is
+    32,100, so ``<extra_id_0>`` is 32,099, while the embedding has 32,128 rows; counting from
+    32,128 gives ids no token has). For a tokenizer built here with the sentinels appended last,
+    ``len(tokenizer)`` is its vocabulary size with the sentinels.
+    """
+    try:
+        tokenizer_length, count = operator.index(tokenizer_length), operator.index(count)
+    except TypeError:
+        raise ValueError(f"tokenizer_length and count must be integers (tokenizer_length = "
+                         f"len(tokenizer)), got {type(tokenizer_length).__name__} and "
+                         f"{type(count).__name__}") from None
+    if count < 1 or tokenizer_length < count:
+        raise ValueError(f"need 1 <= count <= tokenizer_length, got count={count}, "
+                         f"tokenizer_length={tokenizer_length}")
+    return list(range(tokenizer_length - 1, tokenizer_length - 1 - count, -1))
 
 
 def _span_starts(mask: Tensor) -> Tensor:
