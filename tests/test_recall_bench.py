@@ -12,9 +12,12 @@ import torch
 from torch import nn
 
 from tfm_course.data.recall import FILLER, IGNORE, multi_query_recall
+from tfm_course.experiments import stored_runs
 from tfm_course.experiments.generation import generation_profile, scan_timings
-from tfm_course.experiments.recall import RecallResult, recall_accuracy, train_recall
+from tfm_course.experiments.recall import (RecallResult, no_decay_parameters, recall_accuracy,
+                                           steps_to, train_recall)
 from tfm_course.models.mixer_lm import MixerLM
+from tfm_course.train import weight_decay_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +65,76 @@ def test_train_recall_reports_what_it_trained():
     early = train_recall("attention", 12, 2, vocab_size=16, d_model=16, steps=50, batch_size=8,
                          n_test=16, eval_every=5, target=0.0, device="cpu")
     assert early.steps == 5  # the (trivial) target is met at the first evaluation
+    assert result.steps_to_50 == steps_to(result.curve, 0.5)
+    assert result.steps_to_90 == steps_to(result.curve, 0.9)
+    assert (result.d_model, result.vocab_size, result.lr, result.short_conv) == (16, 16, 3e-3, 0)
+
+
+def test_steps_to_is_the_first_evaluation_at_the_level():
+    curve = [(50, 0.2), (100, 0.55), (150, 0.5), (200, 0.93)]
+    assert steps_to(curve, 0.5) == 100 and steps_to(curve, 0.9) == 200
+    assert steps_to(curve, 0.95) is None and steps_to([], 0.5) is None
+
+
+def test_train_recall_with_a_short_conv_trains_that_model():
+    result = train_recall("retnet", 12, 2, vocab_size=16, d_model=16, steps=2, batch_size=8,
+                          n_test=16, target=None, short_conv=4, device="cpu")
+    with_conv = MixerLM(16, "retnet", d_model=16, short_conv=4)
+    assert result.short_conv == 4 and result.parameters == with_conv.num_parameters()
+    assert result.state_bytes == with_conv.state_bytes(12) > MixerLM(16, "retnet", d_model=16).state_bytes(12)
+
+
+def test_no_decay_parameters_are_mambas_flags_norms_biases_and_embeddings():
+    model = MixerLM(16, "hybrid", d_model=16)
+    names = {name for name, p in model.named_parameters()
+             if any(p is q for q in no_decay_parameters(model))}
+    mamba = "layers.0.mixer."
+    assert {"embed.weight", "norm.weight", mamba + "A_log", mamba + "D", mamba + "conv1d.bias",
+            mamba + "dt_proj.bias", "layers.0.norm1.weight", "layers.1.ffn.linear1.bias"} <= names
+    assert not names & {"head.weight", mamba + "in_proj.weight", mamba + "conv1d.weight",
+                        "layers.1.mixer.attn.q_proj.weight", "layers.0.ffn.linear1.weight"}
+    decay, rest = weight_decay_groups(model, 0.1, no_decay_parameters(model))
+    assert len(decay["params"]) + len(rest["params"]) == len(list(model.parameters()))
+    assert not {id(p) for p in decay["params"]} & {id(p) for p in no_decay_parameters(model)}
+    assert (decay["weight_decay"], rest["weight_decay"]) == (0.1, 0.0)
+    # without the list: nanoGPT's rule, 2-D A_log and the embedding decayed
+    plain, _ = weight_decay_groups(model, 0.1)
+    assert any(p is model.embed.weight for p in plain["params"])
+
+
+def test_decoupled_decay_shrinks_only_the_decayed_group():
+    """With zero gradients AdamW's step is the decay alone: p ← p (1 − lr · wd) in its group."""
+    torch.manual_seed(0)
+    model = MixerLM(16, "mamba", d_model=16)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(weight_decay_groups(model, 0.5, no_decay_parameters(model)), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    after = dict(model.named_parameters())
+    torch.testing.assert_close(after["head.weight"], before["head.weight"] * 0.95)
+    for name in ("embed.weight", "layers.0.mixer.A_log", "layers.0.mixer.D", "norm.weight"):
+        assert torch.equal(after[name], before[name]), name
+
+
+def test_groups_without_decay_train_exactly_like_one_group():
+    """weight_decay=0 (the default) with groups gives the same weights as AdamW(model.parameters())."""
+    from tfm_course.train import train
+
+    def run(grouped: bool) -> dict:
+        torch.manual_seed(0)
+        model = MixerLM(16, "mamba", d_model=16)
+        params = (weight_decay_groups(model, 0.0, no_decay_parameters(model)) if grouped
+                  else model.parameters())
+        batches = torch.Generator().manual_seed(1)
+        train(model, lambda step: multi_query_recall(8, 16, 12, 2, batches),
+              lambda m, b: torch.nn.functional.cross_entropy(m(b[0]).flatten(0, 1), b[1].flatten(),
+                                                             ignore_index=IGNORE),
+              steps=5, optimizer=torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0), progress=False)
+        return model.state_dict()
+
+    one, two = run(False), run(True)
+    assert all(torch.equal(one[k], two[k]) for k in one)
 
 
 def test_training_learns_recall_well_above_chance():
@@ -155,3 +228,53 @@ def test_bench_recall_defaults_follow_the_device():
     assert full.setting_list == [(64, 4), (128, 8), (256, 16)] and full.workers == 1
     with pytest.raises(SystemExit):
         tool.parse_args(["--mixers", "attention,lstm", "--device", "cpu"])
+
+
+def test_bench_recall_smoke_sweeps_rates_widths_and_short_conv(tmp_path):
+    tool = _load_tool()
+    tool.main(["--smoke", "--mixers", "attention,retnet", "--lrs", "1e-3,1e-2", "--widths", "8,16",
+               "--short-conv", "0,2", "--out", str(tmp_path), "--device", "cpu"])
+    report = json.loads((tmp_path / "bench_recall.json").read_text())
+    records = report["records"]
+    # attention: 2 widths x 2 rates; RetNet: the same with and without the conv (1 seed each)
+    assert len(records) == 2 * 2 + 2 * 2 * 2
+    assert {r["short_conv"] for r in records if r["mixer"] == "attention"} == {0}
+    assert all(r["steps"] == 2 for r in records)  # a budget in steps, no clock
+    assert "time_limit_s" not in report["args"] and report["commit"] == stored_runs._commit()
+    assert report["torch"] == torch.__version__ and report["device"] == "cpu"
+    summary = report["summary"]
+    assert len(summary) == 2 + 2 * 2 and all(r["lrs_tried"] == [1e-3, 1e-2] for r in summary)
+    for row in summary:  # the best rate of its cell, among the stored rows of every rate
+        cell = [r for r in report["by_lr"] if all(r[k] == row[k] for k in tool.CELL)]
+        assert len(cell) == 2 and row["accuracy"] == max(r["accuracy"] for r in cell)
+    state = {(r["mixer"], r["short_conv"], r["d_model"]): r["state_bytes"] for r in summary}
+    assert state[("retnet", 2, 16)] - state[("retnet", 0, 16)] == 2 * 3 * 16 * 4  # 2 layers, window 1
+    table = (tmp_path / "bench_recall.md").read_text()
+    assert "| retnet+conv2 | 12 | 2 | 16 |" in table and "steps to 0.9" in table
+
+
+def test_best_per_cell_prefers_accuracy_then_fewer_steps():
+    tool = _load_tool()
+    base = dict(mixer="retnet", short_conv=4, d_model=64, seq_len=64, n_pairs=4)
+    rows = [dict(base, lr=1e-3, accuracy=0.6, steps=1000), dict(base, lr=3e-3, accuracy=1.0, steps=400),
+            dict(base, lr=1e-2, accuracy=1.0, steps=250), dict(base, d_model=32, lr=1e-3, accuracy=0.3,
+                                                              steps=1000)]
+    best = tool.best_per_cell(rows)
+    assert [(r["d_model"], r["lr"], r["lrs_tried"]) for r in best] == [(32, 1e-3, [1e-3]),
+                                                                         (64, 1e-2, [1e-3, 3e-3, 1e-2])]
+
+
+def test_bench_recall_lists_and_modes():
+    tool = _load_tool()
+    args = tool.parse_args(["--device", "cpu", "--lrs", "1e-3,3e-3", "--widths", "32,64",
+                            "--short-conv", "4", "--mixers", "retnet,mamba"])
+    assert (args.lr_list, args.width_list, args.conv_list) == ([1e-3, 3e-3], [32, 64], [4])
+    jobs = tool.jobs_for(args)  # 3 settings x 2 widths x 2 rates x 2 seeds, for each mixer
+    assert [j["short_conv"] for j in jobs if j["mixer"] == "mamba"] == [0] * 24
+    assert [j["short_conv"] for j in jobs if j["mixer"] == "retnet"] == [4] * 24
+    assert all("time_limit_s" not in j for j in jobs)
+    smoke = tool.parse_args(["--smoke", "--device", "cpu"])
+    assert smoke.setting_list == [(12, 2)] and smoke.steps == 2 and smoke.width_list == [16]
+    for bad in (["--lrs", "fast"], ["--short-conv", "-1"], ["--settings", "64"]):
+        with pytest.raises(SystemExit):
+            tool.parse_args(bad + ["--device", "cpu"])

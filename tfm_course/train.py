@@ -14,7 +14,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -74,10 +74,12 @@ def noam(d_model: int, warmup: int) -> Schedule:
 
 
 # --------------------------------------------------------------------------- optimiser groups
-def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def weight_decay_groups(model: nn.Module, weight_decay: float,
+                        no_decay: Iterable[nn.Parameter] = ()) -> list[dict[str, Any]]:
     """AdamW parameter groups as nanoGPT's ``configure_optimizers`` makes them: ``weight_decay`` on
     every parameter with two or more dimensions (the matrices of the linear layers and the
-    embeddings, a tied output layer once), none on the 1-D ones (biases, normalisation gains).
+    embeddings, a tied output layer once), none on the 1-D ones (biases, normalisation gains),
+    nor on the parameters listed in ``no_decay`` (e.g. Mamba's ``A_log``, or the embeddings).
 
     >>> torch.optim.AdamW(weight_decay_groups(model, 0.1), lr=1e-3, betas=(0.9, 0.99))
 
@@ -87,8 +89,11 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
     if weight_decay < 0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
     params = [p for p in model.parameters() if p.requires_grad]  # parameters() yields a tied one once
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    excluded = {id(p) for p in no_decay}
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in excluded]
+    chosen = {id(p) for p in decay}
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": [p for p in params if id(p) not in chosen], "weight_decay": 0.0}]
 
 
 # --------------------------------------------------------------------------- history

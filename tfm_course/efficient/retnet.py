@@ -34,6 +34,10 @@ Where this code deliberately differs from the authors' torchscale implementation
   attention layers.
 * **initialisation.** torchscale draws q, k, v and gate projections with Xavier-uniform, gain
   2^−2.5, and the output with gain 1; here PyTorch's default ``nn.Linear`` initialisation.
+* **an optional short convolution** (``short_conv=k``, off by default): not in the paper or in
+  torchscale; flash-linear-attention's retention layer has one as an option (``use_short_conv``,
+  off by default there too), applied as here: on q, k and v after their projections, before the
+  rotation (:mod:`~tfm_course.efficient.short_conv`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .short_conv import short_convolution
 
 __all__ = ["retention", "retention_step", "decay_mask", "default_gammas", "MultiScaleRetention",
            "RetentionState"]
@@ -179,6 +185,7 @@ class RetentionState(NamedTuple):
 
     memory: Tensor  # (batch, heads, d_k, d_v): the recurrent state S
     position: int  # index of the next token (for the rotation)
+    conv: Tensor | None = None  # (batch, k − 1, 2·d_model + heads·d_v): the short conv's window
 
 
 def _rotate(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
@@ -204,6 +211,9 @@ class MultiScaleRetention(nn.Module):
     ``MSR(X) = (swish(X W_G) ⊙ GroupNorm_h(Retention_h(X))) W_O`` with q and k rotated by
     position and k scaled by d_k^(−1/2). Input ``(batch, L, d_model)``, output the same.
     The paper widens the values (``value_factor=2``); the default here keeps them at d_model.
+    ``short_conv=k`` (None or 0: off) adds a causal depthwise convolution of width k and a SiLU
+    on q, k and v after their projections (:class:`~tfm_course.efficient.short_conv.ShortConvolution`);
+    ``step`` then also carries its window of the last k − 1 projected tokens.
 
     ``forward(x, mode=..., chunk_size=...)`` runs any of the three retention forms (same result);
     ``step(x_t, state)`` takes one token ``(batch, d_model)`` and returns ``(y_t, new_state)``,
@@ -211,7 +221,7 @@ class MultiScaleRetention(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, value_factor: int = 1,
-                 gammas: Tensor | None = None) -> None:
+                 gammas: Tensor | None = None, short_conv: int | None = None) -> None:
         super().__init__()
         if d_model % num_heads or (d_model // num_heads) % 2:
             raise ValueError(f"d_model {d_model} must split into {num_heads} heads of even size")
@@ -225,6 +235,7 @@ class MultiScaleRetention(nn.Module):
         self.g_proj = nn.Linear(d_model, width_v, bias=False)
         self.out_proj = nn.Linear(width_v, d_model, bias=False)
         self.group_norm = nn.GroupNorm(num_heads, width_v)  # per head, per token
+        self.qkv_conv = short_convolution(2 * d_model + width_v, short_conv)  # None when off
         gammas = default_gammas(num_heads) if gammas is None else gammas
         gammas = torch.as_tensor(gammas, dtype=torch.float64)  # exact γ; cast where it is used
         if gammas.shape != (num_heads,):
@@ -233,14 +244,21 @@ class MultiScaleRetention(nn.Module):
         inv_freq = 1.0 / 10000 ** torch.linspace(0, 1, self.d_k // 2)
         self.register_buffer("inv_freq", inv_freq)
 
-    def _qkvg(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _qkvg(self, x: Tensor, positions: Tensor, window: Tensor | None = None
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """x ``(batch, L, d_model)`` → q, k ``(batch, heads, L, d_k)``, v ``(batch, heads, L, d_v)``,
+        the gate ``(batch, L, heads·d_v)`` and the short convolution's new window (None if off)."""
         b, length, _ = x.shape
-        q = self.q_proj(x).view(b, length, self.num_heads, self.d_k).transpose(1, 2)
-        k = self.k_proj(x).view(b, length, self.num_heads, self.d_k).transpose(1, 2)
-        v = self.v_proj(x).view(b, length, self.num_heads, self.d_v).transpose(1, 2)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qkv_conv is not None:  # after the projections, before the rotation
+            qkv, window = self.qkv_conv(torch.cat([q, k, v], dim=-1), window)
+            q, k, v = qkv.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
+        q = q.view(b, length, self.num_heads, self.d_k).transpose(1, 2)
+        k = k.view(b, length, self.num_heads, self.d_k).transpose(1, 2)
+        v = v.view(b, length, self.num_heads, self.d_v).transpose(1, 2)
         q = _rotate(q, positions, self.inv_freq)
         k = _rotate(k, positions, self.inv_freq) / math.sqrt(self.d_k)
-        return q, k, v, self.g_proj(x)
+        return q, k, v, self.g_proj(x), window
 
     def _output(self, heads_out: Tensor, gate: Tensor) -> Tensor:
         """heads_out ``(batch, L, heads·d_v)`` → normalise per head, gate, project."""
@@ -252,7 +270,7 @@ class MultiScaleRetention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (batch, L, d_model={self.d_model}), got {tuple(x.shape)}")
         positions = torch.arange(x.shape[1], device=x.device)
-        q, k, v, gate = self._qkvg(x, positions)
+        q, k, v, gate, _ = self._qkvg(x, positions)
         out = retention(q, k, v, self.gammas, mode=mode, chunk_size=chunk_size)
         return self._output(out.transpose(1, 2).flatten(2), gate)
 
@@ -264,10 +282,11 @@ class MultiScaleRetention(nn.Module):
         position = 0 if state is None else state.position
         memory = None if state is None else state.memory
         positions = torch.tensor([position], device=x_t.device)
-        q, k, v, gate = self._qkvg(x_t[:, None, :], positions)
+        q, k, v, gate, window = self._qkvg(x_t[:, None, :], positions,
+                                           None if state is None else state.conv)
         work = torch.promote_types(q.dtype, torch.float32)  # the state stays in fp32 (or fp64)
         with torch.autocast(device_type=x_t.device.type, enabled=False):
             q_t, k_t, v_t = (t[:, :, 0].to(work) for t in (q, k, v))  # (b, h, d)
             out, memory = retention_step(q_t, k_t, v_t, self.gammas.to(work), memory)
         y = self._output(out.to(v.dtype).flatten(1)[:, None, :], gate)
-        return y[:, 0], RetentionState(memory, position + 1)
+        return y[:, 0], RetentionState(memory, position + 1, window)

@@ -2,12 +2,21 @@
 
     result = train_recall("mamba", seq_len=64, n_pairs=4, steps=400, seed=0)
     result.accuracy, result.parameters, result.state_bytes, result.seconds
+    result.steps_to_50, result.steps_to_90          # first evaluation at accuracy >= 0.5 / 0.9
 
 Every model is a :class:`~tfm_course.models.mixer_lm.MixerLM` of the same width, depth and
-(about the same) parameter count; only the sequence mixer changes. Training draws a fresh MQAR
-batch at every step (:func:`~tfm_course.data.recall.multi_query_recall`) and stops early once the
-held-out accuracy reaches ``target``. Accuracy is the fraction of queried keys whose value is the
-model's top prediction, on a fixed test set drawn from a separate generator.
+(about the same) parameter count; only the sequence mixer changes (``short_conv=k`` gives the
+mixers of :data:`~tfm_course.models.mixers.SHORT_CONV_KINDS` a short convolution on q, k, v). Training draws a fresh MQAR batch at every
+step (:func:`~tfm_course.data.recall.multi_query_recall`) for a budget of ``steps`` and stops early
+once the held-out accuracy reaches ``target``. Accuracy is the fraction of queried keys whose value
+is the model's top prediction, on a fixed test set drawn from a separate generator.
+
+The optimiser is AdamW with weight decay on the weight matrices and convolution filters, not on
+Mamba's ``A_log`` and ``D`` (flagged ``_no_weight_decay`` as in ``mamba_ssm``), the
+normalisations, the biases or the embeddings (:func:`no_decay_parameters`). Zoology's MQAR
+trainer (``zoology/train.py``) gives all parameters to one AdamW with weight decay 0.1 and leaves
+the flags unread; the groups here follow the flags and nanoGPT's rule (no decay on 1-D
+parameters), with the embeddings left out too.
 """
 
 from __future__ import annotations
@@ -21,10 +30,13 @@ from torch import Tensor, nn
 
 from ..data.recall import IGNORE, multi_query_recall
 from ..device import by_device, get_device
+from ..layers import LayerNorm, RMSNorm
 from ..models.mixer_lm import MixerLM
-from ..train import train, warmup_cosine
+from ..train import train, warmup_cosine, weight_decay_groups
 
-__all__ = ["RecallResult", "recall_accuracy", "train_recall"]
+__all__ = ["RecallResult", "recall_accuracy", "train_recall", "no_decay_parameters", "steps_to"]
+
+NORMS = (nn.LayerNorm, nn.GroupNorm, LayerNorm, RMSNorm)
 
 
 @dataclass
@@ -43,9 +55,38 @@ class RecallResult:
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test accuracy) evaluations
     cpu_seconds: float = 0.0  # CPU time of this process while training: on a busy machine, the
     #                           wall-clock time the same single-threaded run would take on an idle one
+    steps_to_50: int | None = None  # step of the first evaluation with accuracy >= 0.5 (None: never)
+    steps_to_90: int | None = None  # the same for 0.9
+    d_model: int = 64
+    vocab_size: int = 256
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    short_conv: int = 0  # width of the short convolution on q, k, v (0: none)
+    batch_size: int = 64
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def steps_to(curve: list[tuple[int, float]], level: float) -> int | None:
+    """The step of the first evaluation in ``curve`` ((step, accuracy) pairs) with accuracy >=
+    ``level``; None if none reaches it."""
+    return next((step for step, accuracy in curve if accuracy >= level), None)
+
+
+def no_decay_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters left out of weight decay: those flagged ``_no_weight_decay`` (Mamba's
+    ``A_log`` and ``D``), embeddings, normalisation gains and shifts, and biases.
+
+    Pass them to :func:`tfm_course.train.weight_decay_groups` as ``no_decay``.
+    """
+    found: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if (getattr(p, "_no_weight_decay", False) or isinstance(module, (nn.Embedding, *NORMS))
+                    or name == "bias"):
+                found[id(p)] = p
+    return list(found.values())
 
 
 @torch.no_grad()
@@ -69,20 +110,30 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
                  batch_size: int = 64, lr: float = 3e-3, weight_decay: float = 0.0, seed: int = 0,
                  n_test: int = 512, target: float | None = 0.99, eval_every: int = 50,
                  time_limit_s: float | None = None, device: torch.device | str | None = None,
-                 scan_mode: str | None = None, progress: bool = False) -> RecallResult:
+                 scan_mode: str | None = None, short_conv: int | None = None,
+                 progress: bool = False) -> RecallResult:
     """Train one ``MixerLM(mixer)`` on MQAR(``seq_len``, ``n_pairs``); return a :class:`RecallResult`.
 
     The model and its training batches are seeded by ``seed``; the test set by ``10_000 + seed``
-    (never seen in training). AdamW (``lr``, ``weight_decay``) with a warm-up and a cosine schedule
-    over ``steps``; training stops early when the test accuracy reaches ``target`` (None: never)
-    or after ``time_limit_s`` seconds. Mamba's scan is ``scan_mode``, by default sequential on a CPU and
-    parallel on an accelerator.
+    (never seen in training). AdamW (``lr``; ``weight_decay`` on the matrices only, see
+    :func:`no_decay_parameters`) with a warm-up and a cosine schedule over ``steps``, the budget;
+    training stops early when the test accuracy reaches ``target`` (None: never). The result
+    records the final accuracy and the steps to 0.5 and to 0.9 (evaluated every ``eval_every``).
+    ``short_conv=k`` gives the mixer a short convolution on q, k, v (the kinds in
+    :data:`~tfm_course.models.mixers.SHORT_CONV_KINDS`; None or 0: none). Mamba's scan is ``scan_mode``, by default sequential on a CPU and parallel on an
+    accelerator.
+
+    ``time_limit_s`` also stops training after that many seconds: for interactive use only (a
+    notebook session), never in a stored run or a tool, where the budget is ``steps``, so that a
+    slower or busier machine gets the same result, only later.
     """
     device = torch.device(device) if device is not None else get_device()
     scan_mode = scan_mode or by_device("sequential", "parallel", device)
     torch.manual_seed(seed)
     model = MixerLM(vocab_size, mixer, d_model=d_model, num_layers=num_layers,
-                    num_heads=num_heads, scan_mode=scan_mode).to(device)
+                    num_heads=num_heads, scan_mode=scan_mode, short_conv=short_conv).to(device)
+    optimizer = torch.optim.AdamW(weight_decay_groups(model, weight_decay, no_decay_parameters(model)),
+                                  lr=lr)
     data_gen = torch.Generator().manual_seed(seed)
     test_inputs, test_labels = multi_query_recall(n_test, vocab_size, seq_len, n_pairs,
                                                   torch.Generator().manual_seed(10_000 + seed), device)
@@ -102,11 +153,13 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
         return target is not None and history.last("accuracy") >= target
 
     cpu_start = time.process_time()
-    history = train(model, make_batch, loss_fn, steps=steps, lr=lr, weight_decay=weight_decay,
+    history = train(model, make_batch, loss_fn, steps=steps, optimizer=optimizer,
                     schedule=warmup_cosine(min(50, steps // 10), steps), eval_fn=eval_fn,
                     eval_every=eval_every, stop_when=reached, time_limit_s=time_limit_s,
                     progress=progress, desc=f"{mixer} L={seq_len} pairs={n_pairs}")
+    curve = [(s + 1, a) for s, a in history.metrics["accuracy"]]
     return RecallResult(mixer, seq_len, n_pairs, seed, history.last("accuracy"),
                         model.num_parameters(), model.state_bytes(seq_len), history.seconds,
-                        len(history.steps), [(s + 1, a) for s, a in history.metrics["accuracy"]],
-                        time.process_time() - cpu_start)
+                        len(history.steps), curve, time.process_time() - cpu_start,
+                        steps_to(curve, 0.5), steps_to(curve, 0.9), d_model, vocab_size, lr,
+                        weight_decay, short_conv or 0, batch_size)

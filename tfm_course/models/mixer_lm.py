@@ -50,11 +50,12 @@ class MixerLayer(nn.Module):
     """Pre-norm layer ``(batch, L, d_model) → (batch, L, d_model)``: mixer, then feed-forward."""
 
     def __init__(self, kind: str, d_model: int, num_heads: int, d_ff: int,
-                 num_features: int | None = None, scan_mode: str = "sequential") -> None:
+                 num_features: int | None = None, scan_mode: str = "sequential",
+                 short_conv: int | None = None) -> None:
         super().__init__()
         self.kind = kind
         self.norm1, self.norm2 = RMSNorm(d_model), RMSNorm(d_model)
-        self.mixer = make_mixer(kind, d_model, num_heads, num_features, scan_mode)
+        self.mixer = make_mixer(kind, d_model, num_heads, num_features, scan_mode, short_conv)
         self.ffn = FeedForward(d_model, d_ff, activation="gelu")
 
     def forward(self, x: Tensor) -> Tensor:
@@ -69,9 +70,9 @@ class MixerLayer(nn.Module):
 
 
 def _matched_ffn_width(kind: str, d_model: int, num_heads: int, target: int,
-                       num_features: int | None) -> int:
+                       num_features: int | None, short_conv: int | None = None) -> int:
     """FFN width that brings a ``kind`` layer closest to ``target`` parameters (at least 8)."""
-    probe = MixerLayer(kind, d_model, num_heads, 1, num_features)
+    probe = MixerLayer(kind, d_model, num_heads, 1, num_features, short_conv=short_conv)
     fixed = count_parameters(probe) - count_parameters(probe.ffn)
     per_unit = 2 * d_model + 1  # one hidden unit: a row of W1, its bias, a column of W2
     return max(8, round((target - fixed - d_model) / per_unit))
@@ -89,12 +90,16 @@ class MixerLM(nn.Module):
             or this same width (``False``).
         num_features: random features per Performer head (default ``2 · d_head``).
         scan_mode: Mamba's scan, ``"sequential"`` (CPU) or ``"parallel"`` (GPU); same result.
+        short_conv: width of a causal depthwise convolution on q, k, v in every mixer layer
+            (None or 0: off; only for :data:`~tfm_course.models.mixers.SHORT_CONV_KINDS`, see
+            :func:`~tfm_course.models.mixers.make_mixer`). Its weights count towards the layer's
+            parameters, so with ``match_parameters`` the FFN is narrower by as much.
     """
 
     def __init__(self, vocab_size: int, mixer: str = "attention", d_model: int = 64,
                  num_layers: int = 2, num_heads: int = 4, d_ff: int | None = None,
                  num_features: int | None = None, match_parameters: bool = True,
-                 scan_mode: str = "sequential") -> None:
+                 scan_mode: str = "sequential", short_conv: int | None = None) -> None:
         super().__init__()
         if d_model % num_heads or (d_model // num_heads) % 2:
             raise ValueError(f"d_model {d_model} must split into {num_heads} heads of even width")
@@ -103,11 +108,11 @@ class MixerLM(nn.Module):
         d_ff = d_ff or 4 * d_model
         target = count_parameters(MixerLayer("attention", d_model, num_heads, d_ff))
         widths = {kind: d_ff if kind == "attention" or not match_parameters
-                  else _matched_ffn_width(kind, d_model, num_heads, target, num_features)
+                  else _matched_ffn_width(kind, d_model, num_heads, target, num_features, short_conv)
                   for kind in set(kinds)}
         self.embed = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleList(MixerLayer(kind, d_model, num_heads, widths[kind], num_features,
-                                               scan_mode) for kind in kinds)
+                                               scan_mode, short_conv) for kind in kinds)
         self.norm = RMSNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 

@@ -14,6 +14,11 @@ Every mixer maps ``(batch, L, d_model) → (batch, L, d_model)`` causally (posit
 
 :func:`state_bytes` says how many bytes that state holds after ``context_len`` tokens, without
 running anything; the tests check it against the tensors ``step`` really carries.
+
+``make_mixer(kind, ..., short_conv=k)`` gives the kinds in :data:`SHORT_CONV_KINDS` a causal
+depthwise convolution of width k on q, k and v
+(:class:`~tfm_course.efficient.short_conv.ShortConvolution`); its window of k − 1 projected tokens
+is part of the state and of :func:`state_bytes`.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from ..attention import (MultiHeadAttention, causal_mask, fused_attention, kv_ca
 from ..efficient.causal_performer import CausalPerformer, PerformerState
 from ..efficient.mamba import MambaBlock
 from ..efficient.retnet import MultiScaleRetention
+from ..efficient.short_conv import ShortConvolution
 from ..positional import RotaryEmbedding
 
 __all__ = ["KVState", "PerformerState", "CausalAttention", "CausalPerformer", "make_mixer",
-           "state_bytes", "tensor_bytes", "MIXER_KINDS"]
+           "state_bytes", "tensor_bytes", "MIXER_KINDS", "SHORT_CONV_KINDS"]
 
 MIXER_KINDS = ("attention", "performer", "retnet", "mamba")
+SHORT_CONV_KINDS = ("performer", "retnet")  # the kinds make_mixer(short_conv=k) applies to
 
 
 def _check_step_input(x_t: Tensor, d_model: int) -> None:
@@ -75,18 +82,27 @@ class CausalAttention(nn.Module):
 
 # --------------------------------------------------------------------------- factory and state
 def make_mixer(kind: str, d_model: int, num_heads: int, num_features: int | None = None,
-               scan_mode: str = "sequential") -> nn.Module:
+               scan_mode: str = "sequential", short_conv: int | None = None) -> nn.Module:
     """A mixer of ``kind`` (one of :data:`MIXER_KINDS`) with the package's defaults.
 
     ``scan_mode`` is Mamba's scan in the forward pass: ``"sequential"`` (faster on a CPU) or
     ``"parallel"`` (meant for a GPU); the two give the same numbers.
+
+    ``short_conv=k`` (None or 0: off, the default) adds a causal depthwise convolution of width k,
+    then SiLU, on q, k and v after their projections, as flash-linear-attention's retention, GLA
+    and DeltaNet layers do (``use_short_conv``): ``channels × k`` more parameters and a window of
+    k − 1 projected tokens in the state. Only for :data:`SHORT_CONV_KINDS` (Mamba has its own
+    convolution; attention does not need one); other kinds raise ValueError.
     """
+    if short_conv and kind in MIXER_KINDS and kind not in SHORT_CONV_KINDS:
+        raise ValueError(f"short_conv applies to {SHORT_CONV_KINDS}, got short_conv={short_conv!r} "
+                         f"for {kind!r}")
     if kind == "attention":
         return CausalAttention(d_model, num_heads)
     if kind == "performer":
-        return CausalPerformer(d_model, num_heads, num_features)
+        return CausalPerformer(d_model, num_heads, num_features, short_conv=short_conv)
     if kind == "retnet":
-        return MultiScaleRetention(d_model, num_heads)
+        return MultiScaleRetention(d_model, num_heads, short_conv=short_conv)
     if kind == "mamba":
         return MambaBlock(d_model, scan_mode=scan_mode)
     raise ValueError(f"kind must be one of {MIXER_KINDS}, got {kind!r}")
@@ -97,8 +113,9 @@ def state_bytes(mixer: nn.Module, context_len: int, bytes_per_value: int = 4) ->
 
     Attention: ``context_len`` × (a key and a value per head); the recurrent mixers: a fixed size
     (the Performer's sums and running max, RetNet's S per head, Mamba's conv window and h),
-    whatever ``context_len``. ``bytes_per_value`` 4 for fp32 (the recurrent states are kept in
-    fp32 even under autocast), 2 for an fp16/bf16 KV cache.
+    whatever ``context_len``, plus the window of a short convolution if the mixer has one
+    (``(k − 1) × channels`` values). ``bytes_per_value`` 4 for fp32 (the recurrent states are kept
+    in fp32 even under autocast), 2 for an fp16/bf16 KV cache.
     """
     if context_len < 0:
         raise ValueError(f"context_len must be non-negative, got {context_len}")
@@ -107,12 +124,17 @@ def state_bytes(mixer: nn.Module, context_len: int, bytes_per_value: int = 4) ->
         return context_len * kv_cache_bytes(1, a.num_kv_heads, a.d_head, bytes_per_value)
     if isinstance(mixer, CausalPerformer):
         h, m = mixer.num_heads, mixer.num_features
-        return h * (m * mixer.d_head + m + 1) * bytes_per_value
+        return (h * (m * mixer.d_head + m + 1) + _window_values(mixer)) * bytes_per_value
     if isinstance(mixer, MultiScaleRetention):
-        return mixer.num_heads * mixer.d_k * mixer.d_v * bytes_per_value
+        return (mixer.num_heads * mixer.d_k * mixer.d_v + _window_values(mixer)) * bytes_per_value
     if isinstance(mixer, MambaBlock):
         return mixer.d_inner * (mixer.d_conv - 1 + mixer.d_state) * bytes_per_value
     raise ValueError(f"no state size known for {type(mixer).__name__}")
+
+
+def _window_values(mixer: nn.Module) -> int:
+    """Values in the windows of every short convolution inside ``mixer`` (0 without one)."""
+    return sum(m.window_values for m in mixer.modules() if isinstance(m, ShortConvolution))
 
 
 def tensor_bytes(state: Any) -> int:

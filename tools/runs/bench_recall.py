@@ -1,19 +1,28 @@
 """Multi-query associative recall (MQAR) across sequence mixers at about equal parameter count.
 
-    python tools/runs/bench_recall.py --quick                 # CI size: (64, 4), one seed, seconds per run
+    python tools/runs/bench_recall.py --smoke --out /tmp/x    # seconds: what the tests run
+    python tools/runs/bench_recall.py --quick                 # CI size: (64, 4), one seed, 300 steps
     python tools/runs/bench_recall.py                         # full size for this device (GPU: more)
-    python tools/runs/bench_recall.py --settings 64:4,128:8 --mixers attention,mamba --seeds 3
+    python tools/runs/bench_recall.py --settings 64:4,128:8 --mixers attention,retnet --seeds 3 \
+        --widths 32,64,128 --lrs 1e-3,3e-3,1e-2 --short-conv 0,4 --weight-decay 0.1
 
 Trains ``tfm_course.models.mixer_lm.MixerLM`` with each mixer (attention, performer, retnet, mamba,
-hybrid) on MQAR at each (length, pairs) setting and seed (``tfm_course.experiments.recall.train_recall``),
-and writes into ``--out``:
+hybrid, ...) on MQAR at each (length, pairs) setting, width, learning rate and seed
+(``tfm_course.experiments.recall.train_recall``); ``--short-conv`` widths go to the mixers that take
+a short convolution on q, k, v (``SHORT_CONV_KINDS``; the others run once, without). Budgets are in
+steps (training stops early only at ``--target``), never in seconds. A cell is (mixer, short conv,
+width, length, pairs); as in Zoology's figures, each cell shows its best learning rate (highest
+mean accuracy over seeds, then fewest steps), and every run is stored. Writes into ``--out``:
 
-* ``bench_recall.json`` — the command, the machine and one record per run (rewritten after every
-  run, so an interrupted benchmark keeps what it finished);
-* ``bench_recall.md`` — model × setting: accuracy (mean, min–max over seeds), parameters, state
-  bytes per sequence after L tokens (KV cache or recurrent state, fp32), seconds (wall clock and
-  this process's CPU time, which is what counts on a shared machine), steps;
-* ``bench_recall.png`` — accuracy vs number of pairs, and accuracy vs state bytes.
+* ``bench_recall.json`` — the command, git commit, machine (device, torch, Python), arguments, one
+  record per run, the rows per learning rate (``by_lr``) and the best per cell (``summary``);
+  rewritten after every run, so an interrupted benchmark keeps what it finished;
+* ``bench_recall.md`` — the best rows: accuracy (mean, min–max over seeds), steps to 0.5 and 0.9
+  accuracy per seed, parameters, state bytes per sequence after L tokens (KV cache or recurrent
+  state, fp32), seconds (wall clock and this process's CPU time, which is what counts on a shared
+  machine), steps;
+* ``bench_recall.png`` — accuracy against state bytes (log x), one panel per setting, one colour
+  per mixer, the widths joined by a line.
 
 On a GPU the runs go to ``--workers`` processes at once (small models leave the GPU mostly idle).
 """
@@ -21,6 +30,7 @@ On a GPU the runs go to ``--workers`` processes at once (small models leave the 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -38,38 +48,45 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from tfm_course.device import describe, get_device  # noqa: E402
-from tfm_course.models.mixer_lm import MIXERS  # noqa: E402
 from tfm_course.experiments.recall import train_recall  # noqa: E402
+from tfm_course.experiments.stored_runs import _commit  # noqa: E402
+from tfm_course.models.mixer_lm import MIXERS  # noqa: E402
+from tfm_course.models.mixers import SHORT_CONV_KINDS  # noqa: E402
 
-CPU = dict(settings="64:4,128:8,256:16", seeds=2, steps=1500, batch_size=64, time_limit_s=120.0,
-           workers=1)
-GPU = dict(settings="64:4,128:8,256:16,512:32", seeds=3, steps=10000, batch_size=64,
-           time_limit_s=900.0, workers=None)  # workers: one per 16 GB of GPU memory, at most 8
-QUICK = dict(settings="64:4", seeds=1, steps=300, batch_size=64, time_limit_s=8.0, workers=1)
+SIZE = dict(vocab_size=256, widths="64", lrs="3e-3", short_conv="0")
+CPU = dict(SIZE, settings="64:4,128:8,256:16", seeds=2, steps=1500, batch_size=64, workers=1)
+GPU = dict(SIZE, settings="64:4,128:8,256:16,512:32", seeds=3, steps=10000, batch_size=64,
+           workers=None)  # workers: one per 16 GB of GPU memory, at most 8
+QUICK = dict(SIZE, settings="64:4", seeds=1, steps=300, batch_size=64, workers=1)
+SMOKE = dict(vocab_size=16, widths="16", lrs="3e-3", short_conv="0", settings="12:2", seeds=1,
+             steps=2, batch_size=8, workers=1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="CI size: (64, 4), one seed, 8 s per run")
+    p.add_argument("--smoke", action="store_true", help="tiny: seconds in all, to check the tool runs")
+    p.add_argument("--quick", action="store_true", help="CI size: (64, 4), one seed, 300 steps")
     p.add_argument("--settings", help="comma-separated length:pairs, e.g. 64:4,128:8")
     p.add_argument("--mixers", default=",".join(MIXERS), help=f"subset of {','.join(MIXERS)}")
-    p.add_argument("--seeds", type=int, help="seeds per (mixer, setting): 0, 1, ...")
-    p.add_argument("--steps", type=int, help="maximum optimiser steps per run")
+    p.add_argument("--seeds", type=int, help="seeds per cell and rate: 0, 1, ...")
+    p.add_argument("--steps", type=int, help="the budget: optimiser steps per run")
     p.add_argument("--batch-size", type=int)
-    p.add_argument("--time-limit-s", type=float, help="stop a run after this many seconds")
     p.add_argument("--workers", type=int, help="runs at once (GPU)")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--vocab-size", type=int, default=256)
-    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--lrs", help="comma-separated learning rates; each cell keeps its best")
+    p.add_argument("--widths", "--d-model", dest="widths", help="comma-separated d_model values")
+    p.add_argument("--short-conv", help="comma-separated short-conv widths on q, k, v for "
+                   f"{','.join(SHORT_CONV_KINDS)} (0: none), e.g. 0,4 for the ablation")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW, on matrices only")
+    p.add_argument("--vocab-size", type=int)
     p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--eval-every", type=int, default=50, help="steps between test evaluations")
     p.add_argument("--target", type=float, default=0.99, help="stop early at this test accuracy")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per run")
     p.add_argument("--device", help="cpu, cuda, ... (default: the best available)")
     p.add_argument("--out", default="bench_recall", help="output folder")
     args = p.parse_args(argv)
     device = get_device(args.device)
-    defaults = QUICK if args.quick else GPU if device.type == "cuda" else CPU
+    defaults = SMOKE if args.smoke else QUICK if args.quick else GPU if device.type == "cuda" else CPU
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -77,12 +94,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         total_gb = torch.cuda.get_device_properties(device).total_memory / 2**30
         args.workers = max(1, min(8, int(total_gb // 16)))
     args.device = str(device)
-    args.setting_list = [tuple(int(v) for v in s.split(":")) for s in args.settings.split(",")]
+    try:
+        args.setting_list = [tuple(int(v) for v in s.split(":")) for s in args.settings.split(",")]
+        args.lr_list = [float(v) for v in args.lrs.split(",")]
+        args.width_list = [int(v) for v in args.widths.split(",")]
+        args.conv_list = [int(v) for v in args.short_conv.split(",")]
+    except ValueError as error:
+        p.error(f"--settings L:pairs,..., --lrs, --widths and --short-conv are comma lists: {error}")
+    if any(len(s) != 2 for s in args.setting_list) or min(args.conv_list) < 0:
+        p.error(f"need length:pairs settings and short-conv widths >= 0, got {args.settings!r}, "
+                f"{args.short_conv!r}")
     args.mixer_list = args.mixers.split(",")
     unknown = set(args.mixer_list) - set(MIXERS)
     if unknown:
         p.error(f"unknown mixers {sorted(unknown)}; choose from {MIXERS}")
     return args
+
+
+LISTS = ("setting_list", "mixer_list", "lr_list", "width_list", "conv_list")
+
+
+def jobs_for(args: argparse.Namespace) -> list[dict]:
+    """One ``train_recall`` call per setting, width, mixer, short conv, learning rate and seed."""
+    jobs = []
+    for length, pairs in args.setting_list:
+        for width in args.width_list:
+            for mixer in args.mixer_list:
+                convs = sorted(set(args.conv_list)) if mixer in SHORT_CONV_KINDS else [0]
+                for conv, lr, seed in itertools.product(convs, args.lr_list, range(args.seeds)):
+                    jobs.append(dict(mixer=mixer, seq_len=length, n_pairs=pairs, seed=seed,
+                                     vocab_size=args.vocab_size, d_model=width, short_conv=conv,
+                                     num_layers=args.num_layers, steps=args.steps,
+                                     batch_size=args.batch_size, lr=lr,
+                                     weight_decay=args.weight_decay, target=args.target,
+                                     eval_every=args.eval_every, device=args.device,
+                                     threads=args.threads))
+    return jobs
 
 
 def run_one(job: dict) -> dict:
@@ -99,30 +146,65 @@ def machine(device: str, threads: int) -> str:
             f"cores ({cpu}); torch {torch.__version__}; Python {platform.python_version()}")
 
 
+CELL = ("mixer", "short_conv", "d_model", "seq_len", "n_pairs")  # what the best rate is chosen for
+
+
+def label(row: dict) -> str:
+    """``retnet`` or ``retnet+conv4``."""
+    return row["mixer"] + (f"+conv{row['short_conv']}" if row.get("short_conv") else "")
+
+
+def _order(row: dict) -> tuple:
+    return (row["seq_len"], row["n_pairs"], MIXERS.index(row["mixer"]), row.get("short_conv", 0),
+            row.get("d_model", 0), row.get("lr", 0.0))
+
+
 def summarise(records: list[dict]) -> list[dict]:
-    """One row per (mixer, seq_len, n_pairs): accuracy over seeds and the rest."""
+    """One row per cell and learning rate: accuracy over seeds (mean, min, max), steps to 0.5 and
+    0.9 per seed (None: never), and the rest."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        groups.setdefault((r["mixer"], r["seq_len"], r["n_pairs"]), []).append(r)
+        groups.setdefault(tuple(r[k] for k in CELL + ("lr",)), []).append(r)
     rows = []
-    order = sorted(groups.items(), key=lambda kv: (kv[0][1], MIXERS.index(kv[0][0])))
-    for (mixer, length, pairs), runs in order:
+    for key, runs in groups.items():
         acc = [r["accuracy"] for r in runs]
-        rows.append({"mixer": mixer, "seq_len": length, "n_pairs": pairs, "seeds": len(runs),
+        rows.append({**dict(zip(CELL + ("lr",), key)), "seeds": len(runs),
                      "accuracy": statistics.mean(acc), "accuracy_min": min(acc), "accuracy_max": max(acc),
+                     "steps_to_50": [r["steps_to_50"] for r in runs],
+                     "steps_to_90": [r["steps_to_90"] for r in runs],
                      "parameters": runs[0]["parameters"], "state_bytes": runs[0]["state_bytes"],
                      "seconds": statistics.mean(r["seconds"] for r in runs),
                      "cpu_seconds": statistics.mean(r.get("cpu_seconds", 0.0) for r in runs),
                      "steps": statistics.mean(r["steps"] for r in runs)})
-    return rows
+    return sorted(rows, key=_order)
+
+
+def best_per_cell(rows: list[dict]) -> list[dict]:
+    """Of the rows of :func:`summarise`, each cell's best learning rate: highest mean accuracy,
+    then fewest mean steps (early stopping at the target makes faster rates take fewer)."""
+    cells: dict[tuple, list[dict]] = {}
+    for row in rows:
+        cells.setdefault(tuple(row[k] for k in CELL), []).append(row)
+    best = []
+    for candidates in cells.values():
+        top = max(candidates, key=lambda r: (r["accuracy"], -r["steps"]))
+        best.append({**top, "lrs_tried": sorted(r["lr"] for r in candidates)})
+    return sorted(best, key=_order)
+
+
+def _steps_list(values: list[int | None]) -> str:
+    return ", ".join("–" if v is None else str(v) for v in values)
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| model | L | pairs | accuracy (mean, min–max) | seeds | parameters | "
-             "state bytes | seconds | CPU seconds | steps |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [header, "", "| model | L | pairs | width | best lr (of) | accuracy (mean, min–max) | "
+             "seeds | steps to 0.5 | steps to 0.9 | parameters | state bytes | seconds | "
+             "CPU seconds | steps |", "|" + "---|" * 14]
     for r in rows:
-        lines.append(f"| {r['mixer']} | {r['seq_len']} | {r['n_pairs']} | {r['accuracy']:.3f} "
+        lines.append(f"| {label(r)} | {r['seq_len']} | {r['n_pairs']} | {r['d_model']} | "
+                     f"{r['lr']:g} ({len(r['lrs_tried'])}) | {r['accuracy']:.3f} "
                      f"({r['accuracy_min']:.3f}–{r['accuracy_max']:.3f}) | {r['seeds']} | "
+                     f"{_steps_list(r['steps_to_50'])} | {_steps_list(r['steps_to_90'])} | "
                      f"{r['parameters']:,} | {r['state_bytes']:,} | {r['seconds']:.1f} | "
                      f"{r['cpu_seconds']:.1f} | {r['steps']:.0f} |")
     return "\n".join(lines) + "\n"
@@ -133,22 +215,23 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for mixer in MIXERS:
-        mine = [r for r in rows if r["mixer"] == mixer]
-        if not mine:
-            continue
-        pairs = [r["n_pairs"] for r in mine]
-        acc = [r["accuracy"] for r in mine]
-        err = [[r["accuracy"] - r["accuracy_min"] for r in mine],
-               [r["accuracy_max"] - r["accuracy"] for r in mine]]
-        left.errorbar(pairs, acc, yerr=err, marker="o", capsize=3, label=mixer)
-        right.scatter([r["state_bytes"] for r in mine], acc, label=mixer)
-    left.set(xscale="log", xlabel="key-value pairs", ylabel="test accuracy",
-             ylim=(-0.02, 1.02), title="recall vs number of pairs")
-    right.set(xscale="log", xlabel="generation state per sequence after L tokens (bytes, fp32)",
-              ylabel="test accuracy", ylim=(-0.02, 1.02), title="recall vs state size")
-    left.legend()
+    settings = sorted({(r["seq_len"], r["n_pairs"]) for r in rows})
+    labels = sorted({label(r) for r in rows}, key=lambda name: (MIXERS.index(name.split("+")[0]), name))
+    colours = {name: f"C{i}" for i, name in enumerate(labels)}
+    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings) + 1, 4), squeeze=False)
+    for ax, (length, pairs) in zip(axes[0], settings):
+        for name in labels:
+            mine = sorted((r for r in rows if label(r) == name and (r["seq_len"], r["n_pairs"])
+                           == (length, pairs)), key=lambda r: r["state_bytes"])
+            if not mine:
+                continue
+            err = [[r["accuracy"] - r["accuracy_min"] for r in mine],
+                   [r["accuracy_max"] - r["accuracy"] for r in mine]]
+            ax.errorbar([r["state_bytes"] for r in mine], [r["accuracy"] for r in mine], yerr=err,
+                        marker="o", capsize=3, color=colours[name], label=name)
+        ax.set(xscale="log", xlabel="state per sequence after L tokens (bytes, fp32)",
+               ylabel="test accuracy (best lr)", ylim=(-0.02, 1.02), title=f"L = {length}, {pairs} pairs")
+    axes[0][-1].legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -163,23 +246,23 @@ def main(argv: list[str] | None = None) -> None:
     command = "python tools/runs/bench_recall.py " + " ".join(shlex.quote(a) for a in given)
     where = machine(args.device, args.threads)
     print(f"command: {command}\nmachine: {where}", flush=True)
-    jobs = [dict(mixer=m, seq_len=length, n_pairs=pairs, seed=seed, vocab_size=args.vocab_size,
-                 d_model=args.d_model, num_layers=args.num_layers, steps=args.steps,
-                 batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-                 target=args.target,
-                 time_limit_s=args.time_limit_s, device=args.device, threads=args.threads)
-            for length, pairs in args.setting_list for seed in range(args.seeds) for m in args.mixer_list]
+    jobs = jobs_for(args)
     records: list[dict] = []
     start = time.perf_counter()
+    commit = _commit()
 
     def save(record: dict) -> None:
         records.append(record)
-        print(f"{record['mixer']:>9} L={record['seq_len']:<4} pairs={record['n_pairs']:<3} "
-              f"seed={record['seed']} accuracy={record['accuracy']:.3f} steps={record['steps']} "
+        print(f"{label(record):>14} L={record['seq_len']:<4} pairs={record['n_pairs']:<3} "
+              f"d={record['d_model']:<4} lr={record['lr']:<7g} seed={record['seed']} "
+              f"accuracy={record['accuracy']:.3f} steps={record['steps']} "
               f"{record['seconds']:.1f} s ({record['cpu_seconds']:.1f} s CPU)", flush=True)
-        report = {"command": command, "machine": where, "args": {k: v for k, v in vars(args).items()
-                  if k not in ("setting_list", "mixer_list")}, "records": records,
-                  "summary": summarise(records), "wall_s": time.perf_counter() - start}
+        by_lr = summarise(records)
+        report = {"command": command, "commit": commit, "machine": where, "device": args.device,
+                  "torch": torch.__version__, "python": platform.python_version(),
+                  "args": {k: v for k, v in vars(args).items() if k not in LISTS},
+                  "records": records, "by_lr": by_lr, "summary": best_per_cell(by_lr),
+                  "wall_s": time.perf_counter() - start}
         (out / "bench_recall.json").write_text(json.dumps(report, indent=1))
 
     if args.workers > 1:
@@ -189,9 +272,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         for job in jobs:
             save(run_one(job))
-    rows = summarise(records)
-    header = (f"MQAR, vocabulary {args.vocab_size}, width {args.d_model}, {args.num_layers} layers; "
-              f"`{command}` on {where}; total {time.perf_counter() - start:.0f} s")
+    rows = best_per_cell(summarise(records))
+    header = (f"MQAR, vocabulary {args.vocab_size}, {args.num_layers} layers, {args.steps} steps, "
+              f"batch {args.batch_size}, weight decay {args.weight_decay:g}; best of learning rates "
+              f"{args.lrs}; `{command}` on {where}, commit {commit[:12]}; "
+              f"total {time.perf_counter() - start:.0f} s")
     (out / "bench_recall.md").write_text(markdown(rows, header))
     figure(rows, out / "bench_recall.png", f"{command}\n{where}")
     print(markdown(rows, header))
