@@ -104,3 +104,12 @@ def test_train_lm_is_deterministic_and_checks_its_arguments():
         R.train_lm(data, 0, 1e-3, recipe=recipe)
     with pytest.raises(ValueError, match="tokenizer must be one of"):
         R.lm_data("words")
+
+
+def test_stop_after_replays_the_start_of_a_longer_run():
+    data = R.lm_data("characters")
+    recipe = {**R.RECIPE, "d_model": 16, "n_layers": 1, "n_heads": 2, "block": 16, "batch": 4}
+    whole = R.train_lm(data, 12, 1e-3, seed=1, recipe=recipe, evaluations=4, progress=False)[1]
+    start = R.train_lm(data, 12, 1e-3, seed=1, recipe=recipe, evaluations=4, progress=False, stop_after=6)[1]
+    assert len(start.steps) == 6 and start.loss == whole.loss[:6]
+    assert start.metrics["validation bits per byte"] == whole.metrics["validation bits per byte"][:2]

@@ -179,12 +179,15 @@ def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def train_lm(data: LMData, steps: int, lr: float, seed: int = 0, recipe: dict[str, Any] = RECIPE,
-             device: torch.device | str = "cpu", evaluations: int = 10, progress: bool = True
-             ) -> tuple[GPT, History, list[float]]:
+             device: torch.device | str = "cpu", evaluations: int = 10, progress: bool = True,
+             stop_after: int | None = None) -> tuple[GPT, History, list[float]]:
     """Train a fresh model on random windows of the training tokens with the recipe; evaluate the
     validation bits per byte ``evaluations`` times (evenly, the last at the end). Returns the model,
     its history (metric ``"validation bits per byte"``) and the training loss in bits per byte, step
-    by step. The batches depend only on ``seed``."""
+    by step. The batches depend only on ``seed``.
+
+    ``stop_after=n`` stops at the first evaluation after ``n`` steps: the start of the ``steps``-step
+    run (same schedule, same batches), which is how a page replays the beginning of a stored run."""
     if steps <= 0 or lr <= 0:
         raise ValueError(f"need steps > 0 and lr > 0, got steps={steps}, lr={lr}")
     B, T = recipe["batch"], recipe["block"]
@@ -203,7 +206,8 @@ def train_lm(data: LMData, steps: int, lr: float, seed: int = 0, recipe: dict[st
                     schedule=warmup_cosine(warmup_steps(steps, recipe), steps, recipe["floor"]),
                     eval_fn=lambda m: {"validation bits per byte": bits_per_byte(m, data)},
                     eval_every=max(1, steps // evaluations), progress=progress,
-                    desc=f"{data.name}, {steps} steps, seed {seed}")
+                    desc=f"{data.name}, {steps} steps, seed {seed}",
+                    stop_when=None if stop_after is None else lambda h: len(h.steps) >= stop_after)
     # nats per token x tokens / (ln 2 x bytes), batch by batch
     train_bpb = [loss * B * T / (math.log(2) * nb) for loss, nb in zip(history.loss, batch_bytes)]
     return model, history, train_bpb

@@ -88,9 +88,8 @@ def to_hf_gpt2(model: nn.Module) -> nn.Module:
     transpose of our ``nn.Linear`` weight. GPT-2 always has biases: a ``bias=False`` model's become
     zeros there (still added, and still given gradients: a little extra work for Hugging Face's).
     """
-    from .gpt import GPT  # here, not at the top: gpt.py imports this module
-
-    if not isinstance(model, GPT):
+    # duck-typed: gpt.py imports this module, so importing GPT here would make an import cycle
+    if not all(hasattr(model, name) for name in ("config", "tok_embed", "pos_embed", "blocks", "norm")):
         raise ValueError(f"expected a tfm_course GPT, got {type(model).__name__}")
     from transformers import GPT2Config, GPT2LMHeadModel  # optional dependency
 

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     budgets, seeds, evaluations = ((4,), (0, 1), 2) if args.smoke else (BUDGETS, SEEDS, 10)
     name = "gpt_compute_sweep_cpu" + ("_smoke" if args.smoke else "")
-    command = "python tools/runs/gpt_compute_sweep.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = shlex.join(["python", "tools/runs/gpt_compute_sweep.py", *(argv if argv is not None else sys.argv[1:])])
     run = stored_runs.new_run(name, command, list(seeds), "cpu", recipe=R.RECIPE, budgets=list(budgets),
                               ladder=list(LADDER))
     out = args.out_dir or stored_runs.RESULTS_DIR
