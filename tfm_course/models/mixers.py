@@ -10,7 +10,11 @@ Every mixer maps ``(batch, L, d_model) → (batch, L, d_model)`` causally (posit
 * :class:`~tfm_course.efficient.causal_performer.CausalPerformer` — FAVOR+ with the same RoPE on
   q and k before the feature map; its state is the running sums Σ φ(k) vᵀ and Σ φ(k): fixed size;
 * :class:`~tfm_course.efficient.retnet.MultiScaleRetention` — a (d_k × d_v) matrix per head;
-* :class:`~tfm_course.efficient.mamba.MambaBlock` — a convolution window and (d_inner × N) states.
+* :class:`~tfm_course.efficient.mamba.MambaBlock` — a convolution window and (d_inner × N) states;
+* :class:`~tfm_course.efficient.mamba2.Mamba2Mixer` (``"mamba2"``) — a convolution window and a
+  (head_dim × N) state per head, decayed by one data-dependent scalar;
+* :class:`~tfm_course.efficient.deltanet.DeltaNetMixer` (``"deltanet"``, ``"gated_deltanet"``) —
+  the q, k, v convolution window and a (d_head × d_head) delta-rule state per head.
 
 :func:`state_bytes` says how many bytes that state holds after ``context_len`` tokens, without
 running anything; the tests check it against the tensors ``step`` really carries.
@@ -31,7 +35,9 @@ from torch import Tensor, nn
 from ..attention import (MultiHeadAttention, causal_mask, fused_attention, kv_cache_bytes,
                          merge_heads, split_heads)
 from ..efficient.causal_performer import CausalPerformer, PerformerState
+from ..efficient.deltanet import DeltaNetMixer
 from ..efficient.mamba import MambaBlock
+from ..efficient.mamba2 import Mamba2Mixer
 from ..efficient.retnet import MultiScaleRetention
 from ..efficient.short_conv import ShortConvolution
 from ..positional import RotaryEmbedding
@@ -39,8 +45,8 @@ from ..positional import RotaryEmbedding
 __all__ = ["KVState", "PerformerState", "CausalAttention", "CausalPerformer", "make_mixer",
            "state_bytes", "tensor_bytes", "MIXER_KINDS", "SHORT_CONV_KINDS"]
 
-MIXER_KINDS = ("attention", "performer", "retnet", "mamba")
-SHORT_CONV_KINDS = ("performer", "retnet")  # the kinds make_mixer(short_conv=k) applies to
+MIXER_KINDS = ("attention", "performer", "retnet", "mamba", "mamba2", "deltanet", "gated_deltanet")
+SHORT_CONV_KINDS = ("performer", "retnet", "deltanet", "gated_deltanet")  # make_mixer(short_conv=k)
 
 
 def _check_step_input(x_t: Tensor, d_model: int) -> None:
@@ -92,7 +98,9 @@ def make_mixer(kind: str, d_model: int, num_heads: int, num_features: int | None
     then SiLU, on q, k and v after their projections, as flash-linear-attention's retention, GLA
     and DeltaNet layers do (``use_short_conv``): ``channels × k`` more parameters and a window of
     k − 1 projected tokens in the state. Only for :data:`SHORT_CONV_KINDS` (Mamba has its own
-    convolution; attention does not need one); other kinds raise ValueError.
+    convolution; attention does not need one); other kinds raise ValueError. ``DeltaNetMixer``
+    itself defaults to width 4 (fla's default, on); through this factory it is off unless asked
+    for, like the other kinds. ``"mamba2"`` has its own convolution (d_conv 4) and d_state 16.
     """
     if short_conv and kind in MIXER_KINDS and kind not in SHORT_CONV_KINDS:
         raise ValueError(f"short_conv applies to {SHORT_CONV_KINDS}, got short_conv={short_conv!r} "
@@ -105,6 +113,11 @@ def make_mixer(kind: str, d_model: int, num_heads: int, num_features: int | None
         return MultiScaleRetention(d_model, num_heads, short_conv=short_conv)
     if kind == "mamba":
         return MambaBlock(d_model, scan_mode=scan_mode)
+    if kind == "mamba2":
+        return Mamba2Mixer(d_model, num_heads)
+    if kind in ("deltanet", "gated_deltanet"):
+        return DeltaNetMixer(d_model, num_heads, gated=kind == "gated_deltanet",
+                             short_conv=short_conv)
     raise ValueError(f"kind must be one of {MIXER_KINDS}, got {kind!r}")
 
 
@@ -129,6 +142,11 @@ def state_bytes(mixer: nn.Module, context_len: int, bytes_per_value: int = 4) ->
         return (mixer.num_heads * mixer.d_k * mixer.d_v + _window_values(mixer)) * bytes_per_value
     if isinstance(mixer, MambaBlock):
         return mixer.d_inner * (mixer.d_conv - 1 + mixer.d_state) * bytes_per_value
+    if isinstance(mixer, Mamba2Mixer):
+        ssm = mixer.num_heads * mixer.head_dim * mixer.d_state
+        return (ssm + _window_values(mixer)) * bytes_per_value
+    if isinstance(mixer, DeltaNetMixer):
+        return (mixer.num_heads * mixer.d_head ** 2 + _window_values(mixer)) * bytes_per_value
     raise ValueError(f"no state size known for {type(mixer).__name__}")
 
 
