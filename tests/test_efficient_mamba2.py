@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tfm_course.efficient.mamba2 import Mamba2Mixer, Mamba2State, segsum, ssd, ssd_step
-from tfm_course.models.mixer_lm import MixerLM
-from tfm_course.models.mixers import MIXER_KINDS, make_mixer, state_bytes, tensor_bytes
+from tfm_course.models.mixers import make_mixer, state_bytes, tensor_bytes
 
 torch.set_num_threads(1)
 B, H, L, P, N = 2, 3, 13, 4, 5
@@ -176,20 +175,3 @@ def test_mixer_rejects_bad_arguments():
         mixer.step(torch.randn(2, 1, 16))
     with pytest.raises(ValueError, match="short_conv applies to"):
         make_mixer("mamba2", 16, 2, short_conv=4)
-
-
-def test_mixer_lm_with_mamba2_trains():
-    assert "mamba2" in MIXER_KINDS
-    torch.manual_seed(0)
-    model = MixerLM(20, "mamba2", d_model=16, num_layers=2, num_heads=2)
-    tokens = torch.randint(20, (4, 12), generator=torch.Generator().manual_seed(1))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(8):
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, 20), tokens[:, 1:].reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert all(map(torch.isfinite, map(torch.tensor, losses))) and losses[-1] < losses[0] - 0.1

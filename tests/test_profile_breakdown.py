@@ -12,12 +12,7 @@ from cuda_helpers import needs_cuda
 from tfm_course.experiments.measure import BREAKDOWN, profile_breakdown
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _check_shares(shares):

@@ -19,12 +19,7 @@ from tfm_course.models.gpt import GPT, GPTConfig
 SMALL = dict(vocab_size=23, max_len=24, d_model=32, n_layers=2, n_heads=4)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _model(seed=0, sharpen=5.0):
