@@ -337,7 +337,9 @@ def test_min_p_filter_keeps_tokens_at_least_p_times_the_best():
     assert torch.equal(kept[:, :2], logits[:, :2]), "kept logits unchanged"
 
 
+@pytest.mark.hf
 def test_min_p_filter_equals_hugging_face():
+    pytest.importorskip("transformers")
     from transformers.generation.logits_process import MinPLogitsWarper, TemperatureLogitsWarper
 
     g = torch.Generator().manual_seed(0)
