@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tfm_course.efficient.approximation import (fixed_subspace_error, linformer_error,
+from tfm_course.efficient.approximation import (fixed_subspace_error, linformer_error, uniform_error,
                                                 low_rank_error, performer_error, random_qkv,
                                                 relative_error, segment_mean_projection)
 
@@ -136,3 +136,11 @@ def test_linformer_matrix_error_is_zero_at_k_equal_n_and_never_below_the_eckart_
     # the matrix and output measures differ (the output also mixes the values)
     assert not torch.allclose(linformer_error(8, 1.0, n=64, d=16, measure="matrix"),
                               linformer_error(8, 1.0, n=64, d=16))
+
+
+def test_uniform_attention_is_close_for_flat_logits_and_far_for_sharp_ones():
+    flat, sharp = uniform_error(0.05, draws=3), uniform_error(1.0, draws=3)
+    assert flat.shape == (3,) and flat.max() < 0.1 < 0.5 < sharp.min()
+    # FAVOR+ with few features is worse than this baseline at a small logit scale
+    assert performer_error(64, 0.25, True, draws=3).mean() > uniform_error(0.25, draws=3).mean()
+

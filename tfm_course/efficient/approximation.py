@@ -30,7 +30,7 @@ from torch import Tensor
 from .linformer import linformer_attention
 from .performer import draw_projection, positive_random_features
 
-__all__ = ["random_qkv", "performer_error", "linformer_error", "low_rank_error",
+__all__ = ["random_qkv", "uniform_error", "performer_error", "linformer_error", "low_rank_error",
            "fixed_subspace_error",
            "segment_mean_projection", "relative_error", "trigonometric_random_features",
            "kernel_estimates"]
@@ -64,6 +64,17 @@ def relative_error(approx: Tensor, exact: Tensor) -> Tensor:
 
 def _softmax_weights(q: Tensor, k: Tensor) -> Tensor:
     return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+
+
+def uniform_error(logit_std: float = 0.25, n: int = 256, d: int = 64, draws: int = 4, seed: int = 0,
+                  dtype: torch.dtype = torch.float32) -> Tensor:
+    """The trivial baseline of every approximation: the relative error of *uniform* attention (each
+    query averages all values, weights 1/n) against softmax attention on :func:`random_qkv`'s
+    inputs, one value per draw ``(draws,)``. An approximation worse than this has learned nothing
+    about which keys matter."""
+    q, k, _ = random_qkv(n, d, logit_std, draws, seed, dtype)
+    exact = _softmax_weights(q, k)
+    return relative_error(torch.full_like(exact, 1 / n), exact)
 
 
 def performer_error(num_features: int, logit_std: float = 0.25, orthogonal: bool = True,
