@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tfm_course.efficient.deltanet import DeltaNetMixer, DeltaNetState, delta_rule, delta_rule_step
 from tfm_course.models.mixer_lm import count_parameters
 from tfm_course.models.mixers import make_mixer, state_bytes, tensor_bytes
+from mixer_helpers import step_through
 
 torch.set_num_threads(1)
 B, H, L, DK, DV = 2, 3, 13, 4, 5
@@ -132,13 +133,10 @@ def test_mixer_forward_forms_and_step_agree(gated, short_conv):
     mixer, x = _mixer(gated, short_conv), torch.randn(2, 12, 16, dtype=torch.float64)
     with torch.no_grad():
         chunkwise, recurrent = mixer(x), mixer(x, mode="recurrent")
-        state, outs = None, []
-        for x_t in x.unbind(1):
-            y, state = mixer.step(x_t, state)
-            outs.append(y)
+        stepped, state = step_through(mixer, x)
     assert chunkwise.shape == x.shape
     torch.testing.assert_close(recurrent, chunkwise, atol=1e-12, rtol=1e-12)
-    torch.testing.assert_close(torch.stack(outs, 1), chunkwise, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(stepped, chunkwise, atol=1e-12, rtol=1e-12)
     assert isinstance(state, DeltaNetState) and state.memory.shape == (2, 2, 8, 8)
     assert (state.conv is None) == (short_conv == 0)
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from tfm_course.efficient.mamba2 import Mamba2Mixer, Mamba2State, segsum, ssd, ssd_step
 from tfm_course.models.mixers import make_mixer, state_bytes, tensor_bytes
+from mixer_helpers import step_through
 
 torch.set_num_threads(1)
 B, H, L, P, N = 2, 3, 13, 4, 5
@@ -125,13 +126,10 @@ def test_mixer_forward_forms_and_step_agree():
     mixer, x = _mixer(), torch.randn(2, 12, 16, dtype=torch.float64)
     with torch.no_grad():
         chunked, recurrent = mixer(x), mixer(x, mode="recurrent")
-        state, outs = None, []
-        for x_t in x.unbind(1):
-            y, state = mixer.step(x_t, state)
-            outs.append(y)
+        stepped, state = step_through(mixer, x)
     assert chunked.shape == x.shape
     torch.testing.assert_close(recurrent, chunked, atol=1e-12, rtol=1e-12)
-    torch.testing.assert_close(torch.stack(outs, 1), chunked, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(stepped, chunked, atol=1e-12, rtol=1e-12)
     assert isinstance(state, Mamba2State)
     assert state.conv.shape == (2, 3, 32 + 2 * 6) and state.ssm.shape == (2, 4, 8, 6)
     torch.testing.assert_close(mixer(x, chunk_size=100), chunked, atol=1e-12, rtol=1e-12)

@@ -11,6 +11,7 @@ from tfm_course.attention import MultiHeadAttention, causal_mask, scaled_dot_pro
 from tfm_course.models.mixer_lm import MIXERS, MixerLM, count_parameters, layer_kinds
 from tfm_course.models.mixers import (CausalAttention, CausalPerformer, KVState, make_mixer,
                                       state_bytes, tensor_bytes)
+from mixer_helpers import step_through
 
 VOCAB = 50
 
@@ -112,13 +113,10 @@ def test_performer_step_survives_large_logits():
     with torch.no_grad():
         mixer.qkv.weight.mul_(40.0)  # log-features in the thousands: exp overflows without care
         x = torch.randn(1, 12, 16)
-        state, outs = None, []
-        for x_t in x.unbind(1):
-            y, state = mixer.step(x_t, state)
-            outs.append(y)
+        stepped, state = step_through(mixer, x)
         # the reference at t: the parallel form run on the prefix x[:, :t+1] only
         prefixes = torch.stack([mixer(x[:, :t + 1])[:, -1] for t in range(12)], 1)
-    steps = torch.stack(outs, 1)
+    steps = stepped
     assert torch.isfinite(steps).all() and state.shift.abs().max() > 100
     torch.testing.assert_close(steps, prefixes, atol=1e-3, rtol=1e-3)
 
@@ -135,12 +133,9 @@ def test_performer_forward_equals_step_over_a_whole_sequence_with_large_keys():
             mixer.qkv.weight[32:64].mul_(scale)  # the key projection only
             x = torch.randn(2, 80, 32)
             x[:, 75] *= 0.05
-            state, outs = None, []
-            for x_t in x.unbind(1):
-                y, state = mixer.step(x_t, state)
-                outs.append(y)
+            stepped, state = step_through(mixer, x)
             parallel = mixer(x)
-        torch.testing.assert_close(torch.stack(outs, 1), parallel, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(stepped, parallel, atol=1e-5, rtol=1e-5)
 
 
 def test_layer_kinds_and_bad_input():

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from tfm_course.efficient.short_conv import ShortConvolution, short_convolution
 from tfm_course.models.mixer_lm import MixerLM, count_parameters
 from tfm_course.models.mixers import SHORT_CONV_KINDS, make_mixer, state_bytes, tensor_bytes
+from mixer_helpers import step_through as _steps
 
 D, HEADS = 16, 2
 
@@ -17,14 +18,6 @@ D, HEADS = 16, 2
 def _mixer(kind: str, k: int | None, seed: int = 0):
     torch.manual_seed(seed)
     return make_mixer(kind, D, HEADS, short_conv=k).eval()
-
-
-def _steps(mixer, x):
-    state, outs = None, []
-    for x_t in x.unbind(1):
-        y, state = mixer.step(x_t, state)
-        outs.append(y)
-    return torch.stack(outs, 1), state
 
 
 def test_short_convolution_is_the_formula():
