@@ -13,7 +13,8 @@ from cuda_helpers import needs_cuda
 
 from tfm_course.attention import fused_attention, scaled_dot_product_attention
 from tfm_course.experiments.measure import (count_flops, cuda_peak_bytes, peak_tensor_bytes,
-                                            saved_tensor_bytes, time_fn)
+                                            saved_tensor_bytes, time_fn,
+                                            time_interleaved)
 from tfm_course.experiments.scaling import crossover, loglog_slope, sweep
 from tfm_course.viz import markdown_table
 
@@ -44,6 +45,27 @@ def test_time_fn_min_is_the_fastest_run_and_median_the_middle_one():
     assert 0.02 <= middle < 0.03
     with pytest.raises(ValueError, match="stat"):
         time_fn(lambda: None, stat="mean")
+
+
+def test_time_interleaved_alternates_the_functions_and_keeps_each_ones_fastest_run():
+    import time as _time
+
+    order = []
+    delays = {"a": iter([0.0, 0.02, 0.001, 0.01]), "b": iter([0.0, 0.002, 0.03, 0.004])}
+
+    def make(name):
+        def run():
+            order.append(name)
+            _time.sleep(next(delays[name]))
+        return run
+
+    fast_a, fast_b = time_interleaved([make("a"), make("b")], repeats=3, warmup=1)
+    assert order == ["a", "b"] * 4  # one warm-up round, then three timed rounds, in alternation
+    assert 0.001 <= fast_a < 0.01 and 0.002 <= fast_b < 0.004
+    with pytest.raises(ValueError, match="at least one"):
+        time_interleaved([])
+    with pytest.raises(ValueError, match="repeats"):
+        time_interleaved([lambda: None], repeats=0)
 
 
 def test_time_fn_waits_for_the_gpu_after_every_run_even_without_a_device(monkeypatch):

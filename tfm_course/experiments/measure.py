@@ -1,6 +1,7 @@
 """What one call costs: wall-clock time, memory (saved for backward, peak, live tensors), FLOPs.
 
     seconds = time_fn(lambda: model(x))            # median of 5 runs after a warm-up, GPU synchronised
+    a, b = time_interleaved([f, g])                # fastest of 7 alternating runs each: close ratios
     saved = saved_tensor_bytes(lambda: model(x))   # activations autograd keeps for backward
     flops = count_flops(lambda: model(x))          # matmul-type FLOPs, a multiply-add counts 2
     shares = profile_breakdown(lambda: step(x))    # where the time goes: matmuls, attention, ...
@@ -12,13 +13,14 @@ How a cost grows with the sequence length (sweeps, log-log slopes, crossovers) i
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import statistics
 import sys
 import time
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -74,6 +76,33 @@ def time_fn(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1,
         if max_seconds is not None and spent > max_seconds:
             break
     return min(times) if stat == "min" else statistics.median(times)
+
+
+def time_interleaved(fns: Sequence[Callable[[], Any]], repeats: int = 7, warmup: int = 1,
+                     device: torch.device | str | None = None) -> list[float]:
+    """Fastest wall-clock seconds of each of ``fns``, timed in alternation: round ``r`` runs
+    ``fns[0]()``, ``fns[1]()``, ... once each, for ``repeats`` rounds after ``warmup`` untimed ones.
+
+    Use it to compare functions whose times differ by a few per cent: a burst of load from other
+    programs then slows every function of a round alike instead of all the runs of just one.
+    Returns a list of seconds, one per function, in the order given.
+    """
+    if len(fns) == 0:
+        raise ValueError("time_interleaved needs at least one function, got none")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    synchronize(device)
+    best = [math.inf] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
 
 
 def saved_tensor_bytes(fn: Callable[[], Any]) -> int:
