@@ -1,0 +1,83 @@
+"""tfm_course.experiments.encdec_objectives: T5's objectives on one fixed encoder-decoder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tfm_course.experiments.encdec_objectives import (ENCDEC_OBJECTIVES, ask_infill, ask_next_token,
+                                                      blank_gap, encoder_reads, objective_batch,
+                                                      objective_loss)
+from tfm_course.experiments.objectives import Specials, build_model
+from tfm_course.models.t5 import shift_right
+
+SPECIALS = Specials.after(40, eos=0, n_sentinels=8)
+
+
+def tiny(seed=0):
+    torch.manual_seed(seed)
+    return build_model("span corruption", SPECIALS, d_model=16, num_heads=2, num_layers=2, d_ff=32).eval()
+
+
+def raw(batch=3, length=20, seed=0):
+    return torch.randint(1, 40, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("objective", ENCDEC_OBJECTIVES)
+def test_every_input_ends_in_eos_and_the_target_comes_from_the_window(objective):
+    x = raw()
+    inputs, targets = objective_batch(objective, x, SPECIALS, torch.Generator().manual_seed(1))
+    assert (inputs[:, -1] == SPECIALS.eos).all()
+    if objective == "causal LM":
+        assert inputs.shape == (3, 1) and torch.equal(targets, x)
+    elif objective == "BERT-style":
+        assert torch.equal(targets, x) and inputs.shape == (3, 21)
+        changed = (inputs[:, :-1] != x).sum(1)
+        assert (changed <= 3).all() and changed.sum() > 0  # 15 % of 20 chosen: 3 per row at most
+    elif objective == "prefix LM":
+        cut = inputs.shape[1] - 1
+        assert 1 <= cut < 20 and torch.equal(inputs[:, :-1], x[:, :cut]) and torch.equal(targets, x[:, cut:])
+    else:
+        assert set(SPECIALS.sentinels[:1]) <= set(targets[:, 0].tolist()) and (targets[:, -1] == SPECIALS.eos).all()
+
+
+def test_the_loss_is_teacher_forced_cross_entropy_and_the_causal_lm_ignores_its_blank_input():
+    model, x = tiny(), raw()
+    batch = objective_batch("prefix LM", x, SPECIALS, torch.Generator().manual_seed(3))
+    logits = model(batch[0], shift_right(batch[1], SPECIALS.pad))
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[1].flatten())
+    assert torch.allclose(objective_loss(model, batch, SPECIALS), want)
+    causal = objective_batch("causal LM", x, SPECIALS, None)
+    assert blank_gap(model, causal, SPECIALS)["gap"] == 0.0  # its input is blank already
+    assert blank_gap(model, batch, SPECIALS)["gap"] != 0.0  # a random encoder still changes the output
+    assert not encoder_reads("causal LM") and encoder_reads("prefix LM")
+
+
+def test_questions_are_asked_as_training_asked_them():
+    model, x = tiny(), raw(length=9)
+    left, right = x[:, :4], x[:, 5:]
+    for objective in ENCDEC_OBJECTIVES:
+        assert ask_next_token(objective, model, left, SPECIALS).shape == (3, SPECIALS.vocab_size)
+    # the language models cannot read the right context: their infill is their next token
+    for objective in ("prefix LM", "causal LM"):
+        assert torch.equal(ask_infill(objective, model, left, right, SPECIALS),
+                           ask_next_token(objective, model, left, SPECIALS))
+    # the denoisers read it: changing the right context changes their answer
+    for objective in ("span corruption", "BERT-style"):
+        other = (right + 1) % 40
+        assert not torch.allclose(ask_infill(objective, model, left, right, SPECIALS),
+                                  ask_infill(objective, model, left, other, SPECIALS))
+    # span corruption's infill is the model's first output after <extra_id_0>
+    s0, eos, start = SPECIALS.sentinels[0], SPECIALS.eos, SPECIALS.pad
+    inputs = torch.cat([left, torch.full((3, 1), s0), right, torch.full((3, 1), eos)], 1)
+    want = model(inputs, torch.tensor([[start, s0]] * 3))[:, -1]
+    assert torch.allclose(ask_infill("span corruption", model, left, right, SPECIALS), want)
+
+
+def test_bad_input_gives_clear_errors():
+    with pytest.raises(ValueError, match="objective must be one of"):
+        objective_batch("deshuffling", raw(), SPECIALS, None)
+    with pytest.raises(ValueError, match=r"raw must be \(batch, length >= 2\)"):
+        objective_batch("causal LM", raw()[0], SPECIALS, None)
+    with pytest.raises(ValueError, match="same batch size"):
+        ask_infill("BERT-style", tiny(), raw(3, 4), raw(2, 4), SPECIALS)

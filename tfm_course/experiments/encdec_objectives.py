@@ -1,0 +1,156 @@
+"""Pretraining objectives compared as the T5 paper compared them: one encoder-decoder, the
+objective varied (Raffel et al. 2020, §3.3, Table 4), on the same raw windows of text.
+
+    batch = objective_batch("prefix LM", raw, specials, g)      # raw (B, L) -> (inputs, targets)
+    loss = objective_loss(model, batch, specials)               # mean nats over the target tokens
+    gap = blank_gap(model, batch, specials)                     # loss with the encoder fed nothing, minus it
+    logits = ask_next_token("prefix LM", model, context, specials)       # (B, vocab)
+    logits = ask_infill("span corruption", model, left, right, specials)  # (B, vocab)
+
+Every objective turns a raw window ``(B, L)`` into an encoder input (ending in EOS, as every T5
+input does) and a decoder target; the model is always :class:`~tfm_course.models.t5.T5`:
+
+* ``"span corruption"`` (T5's choice): spans replaced by sentinels in the input; the target lists
+  the dropped spans, each after its sentinel (:func:`~tfm_course.data.span_corruption.span_corrupt_batch`;
+  ``noise_density``, ``mean_span_length``).
+* ``"BERT-style"``: 15 % of the tokens chosen, 80/10/10 as in BERT
+  (:func:`~tfm_course.data.mlm.mask_tokens`); the target is the whole original window (T5's
+  "BERT-style" objective, its Table 4).
+* ``"prefix LM"``: the window cut at a random point (one per batch, uniform in ``[1, L - 1]``): the
+  encoder reads the prefix, the decoder writes the rest.
+* ``"causal LM"``: the encoder is fed nothing (EOS alone); the decoder writes the whole window,
+  so it is a decoder-only language model inside the encoder-decoder.
+
+Each model is asked the same questions its own way: the next token after a context, and a
+missing token between a left and a right context. The count-based references for them are
+:class:`tfm_course.ngram.KneserNey`'s bigram (next token) and its two-sided bigram (infilling).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..data.mlm import mask_tokens
+from ..data.span_corruption import span_corrupt_batch
+from ..models.t5 import T5, shift_right
+from .objectives import Specials
+
+__all__ = ["ENCDEC_OBJECTIVES", "objective_batch", "objective_loss", "blank_inputs", "blank_gap",
+           "ask_next_token", "ask_infill", "encoder_reads"]
+
+ENCDEC_OBJECTIVES = ("span corruption", "BERT-style", "prefix LM", "causal LM")
+
+
+def _check(objective: str) -> None:
+    if objective not in ENCDEC_OBJECTIVES:
+        raise ValueError(f"objective must be one of {ENCDEC_OBJECTIVES}, got {objective!r}")
+
+
+def _eos_column(like: Tensor, specials: Specials) -> Tensor:
+    return torch.full_like(like[:, :1], specials.eos)
+
+
+def objective_batch(objective: str, raw: Tensor, specials: Specials, generator: torch.Generator | None,
+                    noise_density: float = 0.15, mean_span_length: float = 3.0) -> tuple[Tensor, Tensor]:
+    """``(inputs (B, S), targets (B, T))`` from raw windows ``(B, L)``; every input ends in EOS.
+
+    prefix LM: S = k + 1, T = L - k for a cut k drawn from ``generator`` in [1, L - 1];
+    causal LM: S = 1 (EOS), T = L; BERT-style: S = L + 1, T = L; span corruption: T5's lengths.
+    """
+    _check(objective)
+    if raw.dim() != 2 or raw.shape[1] < 2:
+        raise ValueError(f"raw must be (batch, length >= 2) ids, got {tuple(raw.shape)}")
+    eos = _eos_column(raw, specials)
+    if objective == "span corruption":
+        return span_corrupt_batch(raw, specials.sentinels, specials.eos, noise_density, mean_span_length,
+                                  generator)
+    if objective == "causal LM":
+        return eos, raw
+    if objective == "prefix LM":
+        device = generator.device if generator is not None else raw.device
+        cut = int(torch.randint(1, raw.shape[1], (1,), generator=generator, device=device))
+        return torch.cat([raw[:, :cut], eos], 1), raw[:, cut:]
+    never = [specials.pad, specials.mask, specials.eos] + specials.sentinels
+    corrupted, _ = mask_tokens(raw, torch.zeros_like(raw, dtype=torch.bool), specials.vocab_size,
+                               specials.mask, noise_density, generator, special_ids=never)
+    return torch.cat([corrupted, eos], 1), raw
+
+
+def objective_loss(model: T5, batch: tuple[Tensor, Tensor], specials: Specials) -> Tensor:
+    """Teacher-forced mean cross-entropy (nats) over every target token."""
+    inputs, targets = batch
+    logits = model(inputs, shift_right(targets, specials.pad))
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def blank_inputs(inputs: Tensor, specials: Specials) -> Tensor:
+    """The encoder fed nothing: EOS alone ``(B, 1)``, what the causal LM always sees."""
+    return _eos_column(inputs, specials)
+
+
+@torch.no_grad()
+def blank_gap(model: T5, batch: tuple[Tensor, Tensor], specials: Specials) -> dict[str, float]:
+    """How much a model uses its input: its loss on ``batch`` with the real input, with the input
+    blanked (:func:`blank_inputs`), and their difference (nats; 0 for a model that ignores it)."""
+    inputs, targets = batch
+    real = objective_loss(model, batch, specials).item()
+    blank = objective_loss(model, (blank_inputs(inputs, specials), targets), specials).item()
+    return {"loss": real, "blank loss": blank, "gap": blank - real}
+
+
+def _last_logits(model: T5, inputs: Tensor, decoder_inputs: Tensor) -> Tensor:
+    return model(inputs, decoder_inputs)[:, -1]
+
+
+def _column(like: Tensor, value: int) -> Tensor:
+    return torch.full_like(like[:, :1], value)
+
+
+def ask_next_token(objective: str, model: T5, context: Tensor, specials: Specials) -> Tensor:
+    """Logits ``(B, vocab)`` for the token after ``context (B, n)``, asked as training asked:
+
+    span corruption: input ``context <extra_id_0> EOS``, decoder ``<start> <extra_id_0>``;
+    BERT-style: input ``context [MASK] EOS``, decoder ``<start> context``;
+    prefix LM: input ``context EOS``, decoder ``<start>``;
+    causal LM: input ``EOS``, decoder ``<start> context``.
+    """
+    _check(objective)
+    start, eos = _column(context, specials.pad), _column(context, specials.eos)
+    if objective == "span corruption":
+        s0 = _column(context, specials.sentinels[0])
+        return _last_logits(model, torch.cat([context, s0, eos], 1), torch.cat([start, s0], 1))
+    if objective == "BERT-style":
+        mask = _column(context, specials.mask)
+        return _last_logits(model, torch.cat([context, mask, eos], 1), torch.cat([start, context], 1))
+    if objective == "prefix LM":
+        return _last_logits(model, torch.cat([context, eos], 1), start)
+    return _last_logits(model, eos, torch.cat([start, context], 1))
+
+
+def ask_infill(objective: str, model: T5, left: Tensor, right: Tensor, specials: Specials) -> Tensor:
+    """Logits ``(B, vocab)`` for the one token between ``left (B, n)`` and ``right (B, m)``.
+
+    span corruption: input ``left <extra_id_0> right EOS``, decoder ``<start> <extra_id_0>``;
+    BERT-style: input ``left [MASK] right EOS``, decoder ``<start> left``. The language models
+    cannot read ``right``: they are asked for the next token after ``left``
+    (:func:`ask_next_token`), so their answers show what the right context is worth.
+    """
+    _check(objective)
+    if left.shape[0] != right.shape[0]:
+        raise ValueError(f"left and right must have the same batch size, got {left.shape[0]} and {right.shape[0]}")
+    if objective in ("prefix LM", "causal LM"):
+        return ask_next_token(objective, model, left, specials)
+    start, eos = _column(left, specials.pad), _column(left, specials.eos)
+    if objective == "span corruption":
+        s0 = _column(left, specials.sentinels[0])
+        return _last_logits(model, torch.cat([left, s0, right, eos], 1), torch.cat([start, s0], 1))
+    mask = _column(left, specials.mask)
+    return _last_logits(model, torch.cat([left, mask, right, eos], 1), torch.cat([start, left], 1))
+
+
+def encoder_reads(objective: str) -> bool:
+    """Whether the objective ever gives the encoder text (the causal LM's encoder sees only EOS)."""
+    _check(objective)
+    return objective != "causal LM"
