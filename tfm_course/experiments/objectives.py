@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from ..data.docstring_tasks import CLASS_OR_FUNCTION_LABELS, class_or_function
 from ..data.mlm import IGNORE, mask_tokens
 from ..data.span_corruption import span_corrupt_batch
+from ..decoding import ban_tokens, greedy_search
 from ..models.t5 import T5, T5Config, shift_right
 from ..models.t5_lm import T5StackLM
 from .measure import count_flops
@@ -40,7 +41,7 @@ from .measure import count_flops
 __all__ = ["OBJECTIVES", "Specials", "token_stream", "random_windows", "matched_d_ff", "build_model",
            "non_embedding_parameters", "pretraining_batch", "pretraining_loss", "masked_per_row", "step_flops",
            "next_token_logits", "mean_features", "docstring_kind_pairs", "encode_pairs",
-           "text_to_text_loss", "exact_match"]
+           "ban", "text_to_text_loss", "greedy", "exact_match"]
 
 OBJECTIVES = ("masked LM", "causal LM", "span corruption")
 
@@ -275,21 +276,48 @@ def encode_pairs(tokenizer, pairs: Sequence[tuple[str, str]], specials: Specials
     return pad(inputs), pad(targets)
 
 
-def text_to_text_loss(model: T5, inputs: Tensor, targets: Tensor, specials: Specials) -> Tensor:
-    """Teacher-forced cross-entropy over the real target tokens (padding left out)."""
-    logits = model(inputs, shift_right(targets, specials.pad), inputs != specials.pad)
+def ban(logits: Tensor, banned: Sequence[int]) -> Tensor:
+    """``logits (..., vocab)`` with the ``banned`` ids set to ``-inf`` (none: unchanged)."""
+    if not len(banned):
+        return logits
+    return logits.index_fill(-1, torch.tensor(list(banned), device=logits.device), float("-inf"))
+
+
+def text_to_text_loss(model: T5, inputs: Tensor, targets: Tensor, specials: Specials,
+                      banned: Sequence[int] = ()) -> Tensor:
+    """Teacher-forced cross-entropy over the real target tokens (padding left out); the
+    ``banned`` ids' logits are ``-inf`` first, so no probability is spent on them."""
+    logits = ban(model(inputs, shift_right(targets, specials.pad), inputs != specials.pad), banned)
     labels = targets.masked_fill(targets == specials.pad, IGNORE)
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
 
 
 @torch.no_grad()
+def greedy(model: T5, inputs: Tensor, specials: Specials, max_new_tokens: int,
+           banned: Sequence[int] = ()) -> Tensor:
+    """Greedy outputs ``(n, L <= max_new_tokens)`` (EOS kept, pad after it) that never hold a
+    ``banned`` id; with none banned, the same tokens as ``model.generate``."""
+    if not len(banned):
+        return model.generate(inputs, inputs != specials.pad, max_new_tokens=max_new_tokens)
+    was_training = model.training
+    model.eval()
+    try:
+        stepper = ban_tokens(model.stepper(inputs, True, inputs != specials.pad), banned)
+        return greedy_search(stepper, inputs.shape[0], model.config.decoder_start_id, model.config.eos_id,
+                             max_new_tokens, model.pad_id, inputs.device)
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
 def exact_match(model: T5, inputs: Tensor, targets: Tensor, specials: Specials,
-                batch_size: int = 512) -> float:
-    """Share of rows whose greedy output equals the target up to and including its EOS."""
+                batch_size: int = 512, banned: Sequence[int] = ()) -> float:
+    """Share of rows whose greedy output (never a ``banned`` id) equals the target up to and
+    including its EOS."""
     hits = 0
     for start in range(0, inputs.shape[0], batch_size):
         x, y = inputs[start:start + batch_size], targets[start:start + batch_size]
-        out = model.generate(x, x != specials.pad, max_new_tokens=y.shape[1])  # pad after EOS
+        out = greedy(model, x, specials, y.shape[1], banned)  # pad after EOS
         padded = torch.full_like(y, specials.pad)
         padded[:, :out.shape[1]] = out
         hits += int((padded == y).all(1).sum())

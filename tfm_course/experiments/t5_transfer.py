@@ -42,13 +42,12 @@ from torch import Tensor
 
 from .. import baselines
 from ..data.docstring_tasks import CLASS_OR_FUNCTION_LABELS
-from ..data.mlm import IGNORE
-from ..decoding import ban_tokens, greedy_search
 from ..device import one_cpu_thread
 from ..models.t5 import T5, shift_right
 from ..train import train, warmup_cosine
 from .bert_recipe import stratified_subset
-from .objectives import Specials, docstring_kind_pairs, encode_pairs, exact_match, text_to_text_loss
+from .objectives import (Specials, ban, docstring_kind_pairs, encode_pairs, exact_match, greedy,
+                         text_to_text_loss)
 
 __all__ = ["KindSplit", "KindTask", "kind_split", "kind_task", "never_answers", "kind_loss",
            "label_log_probs", "greedy", "kind_accuracy", "sentinel_prior", "fine_tune_kind",
@@ -129,22 +128,11 @@ def never_answers(specials: Specials) -> list[int]:
     return [*specials.sentinels, specials.mask, specials.pad]
 
 
-def _ban(logits: Tensor, banned: Sequence[int]) -> Tensor:
-    if not len(banned):
-        return logits
-    return logits.index_fill(-1, torch.tensor(list(banned), device=logits.device), float("-inf"))
-
-
 def kind_loss(model: T5, batch: tuple[Tensor, Tensor], specials: Specials,
               banned: Sequence[int] = ()) -> Tensor:
-    """Teacher-forced cross-entropy of ``batch = (inputs (B, S), targets (B, T))``; the ``banned``
-    ids' logits are ``-inf`` first (none: :func:`text_to_text_loss` itself)."""
-    inputs, targets = batch
-    if not len(banned):
-        return text_to_text_loss(model, inputs, targets, specials)
-    logits = _ban(model(inputs, shift_right(targets, specials.pad), inputs != specials.pad), banned)
-    labels = targets.masked_fill(targets == specials.pad, IGNORE)
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+    """Teacher-forced cross-entropy of ``batch = (inputs (B, S), targets (B, T))``, the ``banned``
+    ids' logits ``-inf`` first (:func:`~tfm_course.experiments.objectives.text_to_text_loss`)."""
+    return text_to_text_loss(model, *batch, specials, banned)
 
 
 @torch.no_grad()
@@ -164,37 +152,11 @@ def label_log_probs(model: T5, inputs: Tensor, label_targets: Tensor, specials: 
         columns = []
         for row in label_targets:
             target = row[None].expand(x.shape[0], -1)
-            logits = _ban(model.decode(shift_right(target, specials.pad), memory, mask), banned)
+            logits = ban(model.decode(shift_right(target, specials.pad), memory, mask), banned)
             logp = logits.float().log_softmax(-1).gather(-1, target[..., None])[..., 0]  # (n, T)
             columns.append(logp.masked_fill(target == specials.pad, 0.0).sum(1))
         out.append(torch.stack(columns, 1))
     return torch.cat(out)
-
-
-@torch.no_grad()
-def greedy(model: T5, inputs: Tensor, specials: Specials, max_new_tokens: int,
-           banned: Sequence[int] = ()) -> Tensor:
-    """Greedy outputs ``(n, L <= max_new_tokens)`` (EOS kept, pad after it) that never hold a
-    ``banned`` id; with none banned, the same tokens as ``model.generate``."""
-    was_training = model.training
-    model.eval()
-    try:
-        stepper = model.stepper(inputs, True, inputs != specials.pad)
-        if len(banned):
-            stepper = ban_tokens(stepper, banned)
-        return greedy_search(stepper, inputs.shape[0], model.config.decoder_start_id, model.config.eos_id,
-                             max_new_tokens, model.pad_id, inputs.device)
-    finally:
-        model.train(was_training)
-
-
-def _exact_match(model: T5, split: KindSplit, specials: Specials, banned: Sequence[int]) -> float:
-    if not len(banned):
-        return exact_match(model, split.inputs, split.targets, specials)
-    out = greedy(model, split.inputs, specials, split.targets.shape[1], banned)
-    padded = torch.full_like(split.targets, specials.pad)
-    padded[:, :out.shape[1]] = out
-    return float((padded == split.targets).all(1).double().mean())
 
 
 @torch.no_grad()
@@ -209,7 +171,7 @@ def kind_accuracy(model: T5, split: KindSplit, specials: Specials, *,
     try:
         pred = label_log_probs(model, split.inputs, split.label_targets, specials, banned).argmax(1)
         return {"accuracy": float((pred == split.labels).double().mean()),
-                "exact match": _exact_match(model, split, specials, banned)}
+                "exact match": exact_match(model, split.inputs, split.targets, specials, banned=banned)}
     finally:
         model.train(was_training)
 
