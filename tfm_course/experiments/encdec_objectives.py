@@ -6,6 +6,7 @@ objective varied (Raffel et al. 2020, §3.3, Table 4), on the same raw windows o
     gap = blank_gap(model, batch, specials)                     # loss with the encoder fed nothing, minus it
     logits = ask_next_token("prefix LM", model, context, specials)       # (B, vocab)
     logits = ask_infill("span corruption", model, left, right, specials)  # (B, vocab)
+    model, history = pretrain_objective("prefix LM", specials, train_stream, steps=2000, lr=4e-3)
 
 Every objective turns a raw window ``(B, L)`` into an encoder input (ending in EOS, as every T5
 input does) and a decoder target; the model is always :class:`~tfm_course.models.t5.T5`:
@@ -28,17 +29,22 @@ missing token between a left and a right context. The count-based references for
 
 from __future__ import annotations
 
+import time
+from typing import Any, Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.mlm import mask_tokens
 from ..data.span_corruption import span_corrupt_batch
+from ..device import one_cpu_thread
 from ..models.t5 import T5, shift_right
-from .objectives import Specials
+from ..train import History, train, warmup_cosine
+from .objectives import Specials, random_windows
 
 __all__ = ["ENCDEC_OBJECTIVES", "objective_batch", "objective_loss", "blank_inputs", "blank_gap",
-           "ask_next_token", "ask_infill", "encoder_reads"]
+           "ask_next_token", "ask_infill", "encoder_reads", "ENCDEC_SIZES", "pretrain_objective"]
 
 ENCDEC_OBJECTIVES = ("span corruption", "BERT-style", "prefix LM", "causal LM")
 
@@ -154,3 +160,38 @@ def encoder_reads(objective: str) -> bool:
     """Whether the objective ever gives the encoder text (the causal LM's encoder sees only EOS)."""
     _check(objective)
     return objective != "causal LM"
+
+
+# the encoder-decoder every objective trains (2 + 2 blocks, T5's ReLU FFN), and its batches
+ENCDEC_SIZES: dict[str, Any] = dict(d_model=64, num_heads=4, num_layers=2, d_ff=256, batch=32, length=64)
+
+
+def pretrain_objective(objective: str, specials: Specials, train_stream: Tensor, steps: int, lr: float,
+                       seed: int = 0, sizes: dict[str, Any] | None = None, noise_density: float = 0.15,
+                       mean_span_length: float = 3.0, eval_fn: Callable[[T5], dict[str, float]] | None = None,
+                       eval_every: int | None = None, progress: bool = True,
+                       desc: str | None = None) -> tuple[T5, History]:
+    """Train a fresh :class:`T5` of ``sizes`` (default :data:`ENCDEC_SIZES`; ``num_layers`` per
+    side) with ``objective`` on random windows of ``train_stream``: AdamW at peak ``lr``, warm-up
+    over the first tenth, cosine decay. ``seed`` sets the initial weights and the windows (and the
+    masks). On the CPU one thread, and ``history.seconds`` is process CPU time."""
+    _check(objective)
+    sizes = dict(ENCDEC_SIZES, **(sizes or {}))
+    device = train_stream.device
+    torch.manual_seed(seed)
+    model = T5(specials.config(**{k: sizes[k] for k in ("d_model", "num_heads", "num_layers", "d_ff")},
+                               d_kv=sizes["d_model"] // sizes["num_heads"], dropout=0.0)).to(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def make_batch(step: int) -> tuple[Tensor, Tensor]:
+        raw = random_windows(train_stream, sizes["batch"], sizes["length"], g)
+        return objective_batch(objective, raw, specials, g, noise_density, mean_span_length)
+
+    cpu = time.process_time()
+    with one_cpu_thread(device):
+        history = train(model, make_batch, lambda m, b: objective_loss(m, b, specials), steps=steps, lr=lr,
+                        schedule=warmup_cosine(max(1, steps // 10), steps), eval_fn=eval_fn,
+                        eval_every=eval_every if eval_fn else None, progress=progress, desc=desc or objective)
+    if device.type == "cpu":
+        history.seconds = time.process_time() - cpu
+    return model, history
