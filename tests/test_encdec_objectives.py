@@ -81,3 +81,18 @@ def test_bad_input_gives_clear_errors():
         objective_batch("causal LM", raw()[0], SPECIALS, None)
     with pytest.raises(ValueError, match="same batch size"):
         ask_infill("BERT-style", tiny(), raw(3, 4), raw(2, 4), SPECIALS)
+
+
+def test_cross_attention_weights_are_distributions_and_uniform_without_keys():
+    from tfm_course.experiments.encdec_objectives import cross_attention_weights, sentinel_attention
+    model, x = tiny(), raw(length=39)
+    batch = objective_batch("span corruption", x, SPECIALS, torch.Generator().manual_seed(0))
+    w = cross_attention_weights(model, batch[0], shift_right(batch[1], SPECIALS.pad))
+    assert w.shape == (1, 3, 2, batch[1].shape[1], batch[0].shape[1])
+    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
+    with torch.no_grad():
+        model.decoder.blocks[0].cross_attn.k.weight.zero_()  # every key 0: every score equal
+    w = cross_attention_weights(model, batch[0], shift_right(batch[1], SPECIALS.pad))
+    torch.testing.assert_close(w, torch.full_like(w, 1 / batch[0].shape[1]))
+    att = sentinel_attention(model, batch, SPECIALS)
+    assert att["layer 0: same"] == pytest.approx(att["uniform"]) == pytest.approx(att["layer 0: other sentinels"])

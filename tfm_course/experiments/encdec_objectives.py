@@ -29,6 +29,7 @@ missing token between a left and a right context. The count-based references for
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
@@ -44,7 +45,8 @@ from ..train import History, train, warmup_cosine
 from .objectives import Specials, random_windows
 
 __all__ = ["ENCDEC_OBJECTIVES", "objective_batch", "objective_loss", "blank_inputs", "blank_gap",
-           "ask_next_token", "ask_infill", "encoder_reads", "ENCDEC_SIZES", "pretrain_objective"]
+           "ask_next_token", "ask_infill", "encoder_reads", "ENCDEC_SIZES", "pretrain_objective",
+           "cross_attention_weights", "sentinel_attention"]
 
 ENCDEC_OBJECTIVES = ("span corruption", "BERT-style", "prefix LM", "causal LM")
 
@@ -195,3 +197,53 @@ def pretrain_objective(objective: str, specials: Specials, train_stream: Tensor,
     if device.type == "cpu":
         history.seconds = time.process_time() - cpu
     return model, history
+
+
+@torch.no_grad()
+def cross_attention_weights(model: T5, inputs: Tensor, decoder_inputs: Tensor) -> Tensor:
+    """Every decoder block's cross-attention weights ``(layers, B, heads, T, S)`` for one teacher-forced
+    pass (no padding: every input position is a real token). Recomputed from the block's own query
+    and key projections, captured with forward hooks; T5 adds no position bias to cross-attention."""
+    captured: list[Tensor] = []
+
+    def hook(module, args, _output):
+        x, k = args[0], args[1]
+        q = module.q(x).unflatten(-1, (module.num_heads, module.d_kv)).transpose(1, 2)  # (B, h, T, d_kv)
+        captured.append(torch.softmax((q @ k.transpose(-2, -1)).float(), dim=-1))
+
+    handles = [block.cross_attn.register_forward_hook(hook) for block in model.decoder.blocks]
+    try:
+        model.eval()
+        model(inputs, decoder_inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(captured)
+
+
+@torch.no_grad()
+def sentinel_attention(model: T5, batch: tuple[Tensor, Tensor], specials: Specials) -> dict[str, float]:
+    """Where a span-corruption decoder looks when it has just read sentinel ``<extra_id_k>`` (the
+    decoder position that predicts the span's first token): the mean cross-attention weight, over
+    heads, on the encoder position holding the **same** sentinel, on the other sentinels, and what
+    a uniform spread over the input would give. Averaged over the decoder blocks separately:
+    ``{"layer i: same" | "layer i: other sentinels" | "uniform": ...}``."""
+    inputs, targets = batch
+    decoder_inputs = shift_right(targets, specials.pad)
+    weights = cross_attention_weights(model, inputs, decoder_inputs).mean(2)  # (layers, B, T, S)
+    out: dict[str, float] = {"uniform": 1.0 / inputs.shape[1]}
+    same, other = [[] for _ in weights], [[] for _ in weights]
+    for b in range(inputs.shape[0]):
+        in_pos = {int(t): i for i, t in enumerate(inputs[b].tolist()) if t in specials.sentinels}
+        for t, tok in enumerate(decoder_inputs[b].tolist()):
+            if tok not in in_pos:
+                continue
+            others = [i for s, i in in_pos.items() if s != tok]
+            for layer, w in enumerate(weights):
+                same[layer].append(float(w[b, t, in_pos[tok]]))
+                if others:
+                    other[layer].append(float(w[b, t, others].mean()))
+    for layer in range(len(weights)):
+        out[f"layer {layer}: same"] = sum(same[layer]) / len(same[layer]) if same[layer] else math.nan
+        out[f"layer {layer}: other sentinels"] = sum(other[layer]) / len(other[layer]) if other[layer] else math.nan
+    return out
