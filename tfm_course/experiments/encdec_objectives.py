@@ -171,14 +171,19 @@ ENCDEC_SIZES: dict[str, Any] = dict(d_model=64, num_heads=4, num_layers=2, d_ff=
 def pretrain_objective(objective: str, specials: Specials, train_stream: Tensor, steps: int, lr: float,
                        seed: int = 0, sizes: dict[str, Any] | None = None, noise_density: float = 0.15,
                        mean_span_length: float = 3.0, eval_fn: Callable[[T5], dict[str, float]] | None = None,
-                       eval_every: int | None = None, progress: bool = True,
-                       desc: str | None = None) -> tuple[T5, History]:
+                       eval_every: int | None = None, progress: bool = True, desc: str | None = None,
+                       total_steps: int | None = None) -> tuple[T5, History]:
     """Train a fresh :class:`T5` of ``sizes`` (default :data:`ENCDEC_SIZES`; ``num_layers`` per
     side) with ``objective`` on random windows of ``train_stream``: AdamW at peak ``lr``, warm-up
     over the first tenth, cosine decay. ``seed`` sets the initial weights and the windows (and the
-    masks). On the CPU one thread, and ``history.seconds`` is process CPU time."""
+    masks). ``total_steps`` (default ``steps``) sets the schedule's length: a run stopped at ``steps``
+    of a longer one replays that run's start. On the CPU one thread; ``history.seconds`` is process
+    CPU time."""
     _check(objective)
     sizes = dict(ENCDEC_SIZES, **(sizes or {}))
+    total = total_steps or steps
+    if total < steps:
+        raise ValueError(f"total_steps must be >= steps = {steps}, got {total_steps}")
     device = train_stream.device
     torch.manual_seed(seed)
     model = T5(specials.config(**{k: sizes[k] for k in ("d_model", "num_heads", "num_layers", "d_ff")},
@@ -192,7 +197,7 @@ def pretrain_objective(objective: str, specials: Specials, train_stream: Tensor,
     cpu = time.process_time()
     with one_cpu_thread(device):
         history = train(model, make_batch, lambda m, b: objective_loss(m, b, specials), steps=steps, lr=lr,
-                        schedule=warmup_cosine(max(1, steps // 10), steps), eval_fn=eval_fn,
+                        schedule=warmup_cosine(max(1, total // 10), total), eval_fn=eval_fn,
                         eval_every=eval_every if eval_fn else None, progress=progress, desc=desc or objective)
     if device.type == "cpu":
         history.seconds = time.process_time() - cpu

@@ -4,6 +4,7 @@ then transfer to "class or function?" with few labels.
     python tools/runs/t5_objectives.py                           # the CPU sizes, 2 worker processes
     python tools/runs/t5_objectives.py --workers 1               # the same, one process
     python tools/runs/t5_objectives.py --smoke --out-dir /tmp/x  # seconds: what the tests run
+    python tools/runs/t5_objectives.py --long "span corruption" --steps 8000 --lr 4e-3   # one arm, longer
 
 1. **Learning rates.** Each objective (span corruption, BERT-style, prefix LM, causal LM:
    :mod:`tfm_course.experiments.encdec_objectives`) is trained at seed 0 at peak rates 2e-3 and 4e-3,
@@ -106,7 +107,8 @@ def pretrain_job(size_key: tuple, arm: str, lr: float, seed: int, folder: str) -
                 **{f"{q} {m}": v for q, r in answers.items() for m, v in r.items()}}
 
     model, history = pretrain_objective(objective, specials, s["streams"]["train"], sizes["steps"], lr, seed,
-                                        sizes, eval_fn=evaluate, eval_every=max(2, sizes["steps"] // 8),
+                                        sizes, eval_fn=evaluate,
+                                        eval_every=max(2, sizes["steps"] // sizes.get("eval_times", 8)),
                                         progress=False, **corruption(arm))
     stem = f"{arm}-lr{lr:g}-seed{seed}".replace(" ", "_").replace(",", "").replace("%", "pct")
     torch.save({k: v.half() for k, v in model.state_dict().items()}, Path(folder) / f"{stem}.pt")
@@ -183,7 +185,13 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="a few steps, to check the tool runs")
     parser.add_argument("--out-dir", type=Path, default=None, help="default: tfm_course/results")
+    parser.add_argument("--long", choices=ENCDEC_OBJECTIVES, default=None,
+                        help="only this objective, for --steps at --lr, seed 0: how its curves go on")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
     args = parser.parse_args(argv)
+    if args.long is not None:
+        return long_run(args, argv)
     device = get_device()
     size = args.size or ("cpu" if device.type == "cpu" else "gpu")
     sizes = dict(SIZES[size], **(SMOKE if args.smoke else {}))
@@ -279,6 +287,34 @@ def main(argv: list[str] | None = None) -> Path:
             state = torch.load(scratch / runs[k]["file"], weights_only=True)
             run["checkpoints"][arm] = stored_runs.save_checkpoint(state, f"{name}-{runs[k]['file'][:-3]}",
                                                                   dtype=torch.float16, folder=out)
+    shutil.rmtree(scratch)
+    path = stored_runs.write_run(run, folder=out)
+    print(f"wrote {path}")
+    return path
+
+
+def long_run(args: argparse.Namespace, argv: list[str] | None) -> Path:
+    """One objective for longer (seed 0), evaluated 16 times: the curves and the final checkpoint."""
+    if args.steps is None or args.lr is None:
+        raise ValueError(f"--long needs --steps and --lr, got steps={args.steps}, lr={args.lr}")
+    device = get_device()
+    size = args.size or ("cpu" if device.type == "cpu" else "gpu")
+    sizes = dict(SIZES[size], **(SMOKE if args.smoke else {}))
+    sizes["steps"], sizes["eval_times"] = args.steps, 16
+    slug = args.long.replace(" ", "_").replace("-", "_")
+    name = f"t5_objectives_long_{slug}_{size}" + ("_smoke" if args.smoke else "")
+    out = args.out_dir or stored_runs.RESULTS_DIR
+    scratch = out / f"_{name}_checkpoints"
+    scratch.mkdir(parents=True, exist_ok=True)
+    key = tuple(sorted(sizes.items()))
+    command = "python tools/runs/t5_objectives.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    run = stored_runs.new_run(name, command, [0], device, size=size, sizes=sizes, objective=args.long, lr=args.lr)
+    result = pretrain_job(key, args.long, args.lr, 0, str(scratch))
+    run["curves"]["seed0"], run["final"] = result["curves"], result["final"]
+    run["steps"]["seed0"] = args.steps
+    run["tokens_seen"]["seed0"] = args.steps * sizes["batch"] * sizes["length"]
+    state = torch.load(scratch / result["file"], weights_only=True)
+    run["checkpoints"]["seed0"] = stored_runs.save_checkpoint(state, f"{name}-seed0", dtype=torch.float16, folder=out)
     shutil.rmtree(scratch)
     path = stored_runs.write_run(run, folder=out)
     print(f"wrote {path}")
