@@ -302,7 +302,7 @@ def long_run(args: argparse.Namespace, argv: list[str] | None) -> Path:
     sizes = dict(SIZES[size], **(SMOKE if args.smoke else {}))
     sizes["steps"], sizes["eval_times"] = args.steps, 16
     slug = args.long.replace(" ", "_").replace("-", "_")
-    name = f"t5_objectives_long_{slug}_{size}" + ("_smoke" if args.smoke else "")
+    name = f"t5_objectives_long_{slug}_{args.steps}_{size}" + ("_smoke" if args.smoke else "")
     out = args.out_dir or stored_runs.RESULTS_DIR
     scratch = out / f"_{name}_checkpoints"
     scratch.mkdir(parents=True, exist_ok=True)
