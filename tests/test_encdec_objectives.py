@@ -96,3 +96,15 @@ def test_cross_attention_weights_are_distributions_and_uniform_without_keys():
     torch.testing.assert_close(w, torch.full_like(w, 1 / batch[0].shape[1]))
     att = sentinel_attention(model, batch, SPECIALS)
     assert att["layer 0: same"] == pytest.approx(att["uniform"]) == pytest.approx(att["layer 0: other sentinels"])
+
+
+def test_the_prefix_lm_can_be_asked_with_the_cut_inside_the_context():
+    model, x = tiny(), raw(length=9)
+    context = x[:, :6]
+    want = model(torch.cat([context[:, :2], torch.full((3, 1), SPECIALS.eos)], 1),
+                 torch.cat([torch.full((3, 1), SPECIALS.pad), context[:, 2:]], 1))[:, -1]
+    torch.testing.assert_close(ask_next_token("prefix LM", model, context, SPECIALS, cut=2), want)
+    with pytest.raises(ValueError, match="cut is for the prefix LM"):
+        ask_next_token("causal LM", model, context, SPECIALS, cut=2)
+    with pytest.raises(ValueError, match="cut"):
+        ask_next_token("prefix LM", model, context, SPECIALS, cut=6)

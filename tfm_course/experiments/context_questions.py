@@ -112,15 +112,17 @@ def count_references(documents: Sequence[Tensor], questions: Questions, vocab_si
 
 @torch.no_grad()
 def answer_questions(objective: str, model, questions: Questions, specials: Specials,
-                     batch: int = 512) -> dict[str, dict[str, float]]:
+                     batch: int = 512, cut: int | None = None) -> dict[str, dict[str, float]]:
     """``{"next token" | "infill": {"loss": mean NLL (nats), "accuracy": top-1}}`` of ``model``,
-    asked as ``objective`` trained it, scored over the text tokens only (see the module)."""
+    asked as ``objective`` trained it, scored over the text tokens only (see the module).
+    ``cut``: the prefix LM's next-token question with the context cut there
+    (:func:`~tfm_course.experiments.encdec_objectives.ask_next_token`)."""
     model.eval()
     never = [specials.pad, specials.mask] + specials.sentinels
     sums = {"next token": [0.0, 0.0], "infill": [0.0, 0.0]}
     for start in range(0, len(questions), batch):
         q = questions.take(slice(start, start + batch))
-        for name, logits in (("next token", ask_next_token(objective, model, q.left, specials)),
+        for name, logits in (("next token", ask_next_token(objective, model, q.left, specials, cut=cut)),
                              ("infill", ask_infill(objective, model, q.left, q.right, specials))):
             logits = ban(logits.float(), never)
             sums[name][0] += F.cross_entropy(logits, q.target, reduction="sum").item()

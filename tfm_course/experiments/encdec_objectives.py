@@ -116,15 +116,22 @@ def _column(like: Tensor, value: int) -> Tensor:
     return torch.full_like(like[:, :1], value)
 
 
-def ask_next_token(objective: str, model: T5, context: Tensor, specials: Specials) -> Tensor:
+def ask_next_token(objective: str, model: T5, context: Tensor, specials: Specials,
+                   cut: int | None = None) -> Tensor:
     """Logits ``(B, vocab)`` for the token after ``context (B, n)``, asked as training asked:
 
     span corruption: input ``context <extra_id_0> EOS``, decoder ``<start> <extra_id_0>``;
     BERT-style: input ``context [MASK] EOS``, decoder ``<start> context``;
-    prefix LM: input ``context EOS``, decoder ``<start>``;
+    prefix LM: input ``context EOS``, decoder ``<start>`` (with ``cut`` k: input
+    ``context[:k] EOS``, decoder ``<start> context[k:]``, another cut its training also drew);
     causal LM: input ``EOS``, decoder ``<start> context``.
     """
     _check(objective)
+    if cut is not None:
+        if objective != "prefix LM" or not 1 <= cut < context.shape[1]:
+            raise ValueError(f"cut is for the prefix LM, 1 <= cut < {context.shape[1]}; got {cut!r} for {objective!r}")
+        start, eos = _column(context, specials.pad), _column(context, specials.eos)
+        return _last_logits(model, torch.cat([context[:, :cut], eos], 1), torch.cat([start, context[:, cut:]], 1))
     start, eos = _column(context, specials.pad), _column(context, specials.eos)
     if objective == "span corruption":
         s0 = _column(context, specials.sentinels[0])
