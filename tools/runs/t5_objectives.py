@@ -5,6 +5,7 @@ then transfer to "class or function?" with few labels.
     python tools/runs/t5_objectives.py --workers 1               # the same, one process
     python tools/runs/t5_objectives.py --smoke --out-dir /tmp/x  # seconds: what the tests run
     python tools/runs/t5_objectives.py --long "span corruption" --steps 8000 --lr 4e-3   # one arm, longer
+    python tools/runs/t5_objectives.py --transfer-of t5_objectives_long_span_corruption_8000_cpu --lr 1e-3
 
 1. **Learning rates.** Each objective (span corruption, BERT-style, prefix LM, causal LM:
    :mod:`tfm_course.experiments.encdec_objectives`) is trained at seed 0 at peak rates 2e-3 and 4e-3,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import multiprocessing
 import shlex
 import shutil
@@ -189,9 +191,13 @@ def main(argv: list[str] | None = None) -> Path:
                         help="only this objective, for --steps at --lr, seed 0: how its curves go on")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--transfer-of", default=None,
+                        help="a stored --long run: fine-tune its checkpoint on 32/128/all labels x 3 seeds at --lr")
     args = parser.parse_args(argv)
     if args.long is not None:
         return long_run(args, argv)
+    if args.transfer_of is not None:
+        return transfer_of(args, argv)
     device = get_device()
     size = args.size or ("cpu" if device.type == "cpu" else "gpu")
     sizes = dict(SIZES[size], **(SMOKE if args.smoke else {}))
@@ -317,6 +323,30 @@ def long_run(args: argparse.Namespace, argv: list[str] | None) -> Path:
     run["checkpoints"]["seed0"] = stored_runs.save_checkpoint(state, f"{name}-seed0", dtype=torch.float16, folder=out)
     shutil.rmtree(scratch)
     path = stored_runs.write_run(run, folder=out)
+    print(f"wrote {path}")
+    return path
+
+
+def transfer_of(args: argparse.Namespace, argv: list[str] | None) -> Path:
+    """Add to a stored --long run the transfer results of its checkpoint (as in the main run)."""
+    if args.lr is None:
+        raise ValueError("--transfer-of needs --lr (the fine-tuning rate)")
+    out = args.out_dir or stored_runs.RESULTS_DIR
+    run = stored_runs.load_run(args.transfer_of, out)
+    sizes = dict(run["settings"]["sizes"])
+    sizes = {k: tuple(v) if isinstance(v, list) else v for k, v in sizes.items()}
+    key = tuple(sorted(sizes.items()))
+    folder = out / f"_{args.transfer_of}_transfer"
+    folder.mkdir(exist_ok=True)
+    torch.save(stored_runs.load_checkpoint(run, "seed0", out), folder / "start.pt")
+    results = [transfer_job(key, run["settings"]["objective"], "start.pt", seed, n, args.lr, str(folder))
+               for seed in sizes["seeds"] for n in sizes["labels"]]
+    shutil.rmtree(folder)
+    run["transfer"] = results
+    run["transfer_command"] = "python tools/runs/t5_objectives.py " + shlex.join(
+        argv if argv is not None else sys.argv[1:])
+    path = out / f"{args.transfer_of}.json"
+    path.write_text(json.dumps(run, indent=1) + "\n")
     print(f"wrote {path}")
     return path
 
