@@ -236,26 +236,35 @@ def cross_attention_weights(model: T5, inputs: Tensor, decoder_inputs: Tensor) -
 @torch.no_grad()
 def sentinel_attention(model: T5, batch: tuple[Tensor, Tensor], specials: Specials) -> dict[str, float]:
     """Where a span-corruption decoder looks when it has just read sentinel ``<extra_id_k>`` (the
-    decoder position that predicts the span's first token): the mean cross-attention weight, over
-    heads, on the encoder position holding the **same** sentinel, on the other sentinels, and what
-    a uniform spread over the input would give. Averaged over the decoder blocks separately:
-    ``{"layer i: same" | "layer i: other sentinels" | "uniform": ...}``."""
+    decoder position that predicts the first dropped token). Per decoder block, for the head that
+    looks most at it: the mean cross-attention weight on the encoder token just **left of the same
+    sentinel** (the token before the dropped span), on the same sentinel, and on the token left of
+    **another** sentinel of the input (a lookup by position alone would not tell them apart); and
+    the uniform weight ``1 / S``. Keys: ``"uniform"``, ``"layer i: head"``, ``"layer i: left of the
+    same sentinel"``, ``"layer i: the same sentinel"``, ``"layer i: left of another sentinel"``."""
     inputs, targets = batch
     decoder_inputs = shift_right(targets, specials.pad)
-    weights = cross_attention_weights(model, inputs, decoder_inputs).mean(2)  # (layers, B, T, S)
-    out: dict[str, float] = {"uniform": 1.0 / inputs.shape[1]}
-    same, other = [[] for _ in weights], [[] for _ in weights]
+    weights = cross_attention_weights(model, inputs, decoder_inputs)  # (layers, B, heads, T, S)
+    n_layers, n_heads = weights.shape[0], weights.shape[2]
+    sums = torch.zeros(3, n_layers, n_heads, dtype=torch.float64)  # left of same, same, left of other
+    count = 0
+    sentinels = set(specials.sentinels)
     for b in range(inputs.shape[0]):
-        in_pos = {int(t): i for i, t in enumerate(inputs[b].tolist()) if t in specials.sentinels}
+        in_pos = {int(t): i for i, t in enumerate(inputs[b].tolist()) if t in sentinels and i > 0}
         for t, tok in enumerate(decoder_inputs[b].tolist()):
-            if tok not in in_pos:
+            if tok not in in_pos or len(in_pos) < 2:
                 continue
-            others = [i for s, i in in_pos.items() if s != tok]
-            for layer, w in enumerate(weights):
-                same[layer].append(float(w[b, t, in_pos[tok]]))
-                if others:
-                    other[layer].append(float(w[b, t, others].mean()))
-    for layer in range(len(weights)):
-        out[f"layer {layer}: same"] = sum(same[layer]) / len(same[layer]) if same[layer] else math.nan
-        out[f"layer {layer}: other sentinels"] = sum(other[layer]) / len(other[layer]) if other[layer] else math.nan
+            i, others = in_pos[tok], [j - 1 for s, j in in_pos.items() if s != tok]
+            w = weights[:, b, :, t].double()  # (layers, heads, S)
+            sums[0] += w[..., i - 1]
+            sums[1] += w[..., i]
+            sums[2] += w[..., others].mean(-1)
+            count += 1
+    out: dict[str, float] = {"uniform": 1.0 / inputs.shape[1]}
+    means = sums / max(count, 1) if count else torch.full_like(sums, math.nan)
+    for layer in range(n_layers):
+        head = int(means[0, layer].argmax())
+        out[f"layer {layer}: head"] = head
+        for k, name in enumerate(("left of the same sentinel", "the same sentinel", "left of another sentinel")):
+            out[f"layer {layer}: {name}"] = float(means[k, layer, head])
     return out
