@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> Path:
                         help="only this objective, for --steps at --lr, seed 0: how its curves go on")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0, help="the --long run's seed")
     parser.add_argument("--transfer-of", default=None,
                         help="a stored --long run: fine-tune its checkpoint on 32/128/all labels x 3 seeds at --lr")
     args = parser.parse_args(argv)
@@ -300,7 +301,8 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 def long_run(args: argparse.Namespace, argv: list[str] | None) -> Path:
-    """One objective for longer (seed 0), evaluated 16 times: the curves and the final checkpoint."""
+    """One objective for longer (``--seed``, default 0), evaluated 16 times: curves and final checkpoint.
+    Seed 0 is ``t5_objectives_long_<objective>_<steps>_<size>``; another seed adds ``_seed<k>``."""
     if args.steps is None or args.lr is None:
         raise ValueError(f"--long needs --steps and --lr, got steps={args.steps}, lr={args.lr}")
     device = get_device()
@@ -308,19 +310,22 @@ def long_run(args: argparse.Namespace, argv: list[str] | None) -> Path:
     sizes = dict(SIZES[size], **(SMOKE if args.smoke else {}))
     sizes["steps"], sizes["eval_times"] = args.steps, 16
     slug = args.long.replace(" ", "_").replace("-", "_")
-    name = f"t5_objectives_long_{slug}_{args.steps}_{size}" + ("_smoke" if args.smoke else "")
+    seed = args.seed
+    name = (f"t5_objectives_long_{slug}_{args.steps}_{size}" + (f"_seed{seed}" if seed else "")
+            + ("_smoke" if args.smoke else ""))
     out = args.out_dir or stored_runs.RESULTS_DIR
     scratch = out / f"_{name}_checkpoints"
     scratch.mkdir(parents=True, exist_ok=True)
     key = tuple(sorted(sizes.items()))
     command = "python tools/runs/t5_objectives.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    run = stored_runs.new_run(name, command, [0], device, size=size, sizes=sizes, objective=args.long, lr=args.lr)
-    result = pretrain_job(key, args.long, args.lr, 0, str(scratch))
-    run["curves"]["seed0"], run["final"] = result["curves"], result["final"]
-    run["steps"]["seed0"] = args.steps
-    run["tokens_seen"]["seed0"] = args.steps * sizes["batch"] * sizes["length"]
+    run = stored_runs.new_run(name, command, [seed], device, size=size, sizes=sizes, objective=args.long, lr=args.lr)
+    result = pretrain_job(key, args.long, args.lr, seed, str(scratch))
+    k = f"seed{seed}"
+    run["curves"][k], run["final"] = result["curves"], result["final"]
+    run["steps"][k] = args.steps
+    run["tokens_seen"][k] = args.steps * sizes["batch"] * sizes["length"]
     state = torch.load(scratch / result["file"], weights_only=True)
-    run["checkpoints"]["seed0"] = stored_runs.save_checkpoint(state, f"{name}-seed0", dtype=torch.float16, folder=out)
+    run["checkpoints"][k] = stored_runs.save_checkpoint(state, f"{name}-{k}", dtype=torch.float16, folder=out)
     shutil.rmtree(scratch)
     path = stored_runs.write_run(run, folder=out)
     print(f"wrote {path}")
@@ -338,7 +343,7 @@ def transfer_of(args: argparse.Namespace, argv: list[str] | None) -> Path:
     key = tuple(sorted(sizes.items()))
     folder = out / f"_{args.transfer_of}_transfer"
     folder.mkdir(exist_ok=True)
-    torch.save(stored_runs.load_checkpoint(run, "seed0", out), folder / "start.pt")
+    torch.save(stored_runs.load_checkpoint(run, f"seed{run['seeds'][0]}", out), folder / "start.pt")
     results = [transfer_job(key, run["settings"]["objective"], "start.pt", seed, n, args.lr, str(folder))
                for seed in sizes["seeds"] for n in sizes["labels"]]
     shutil.rmtree(folder)
