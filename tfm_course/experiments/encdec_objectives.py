@@ -45,7 +45,7 @@ from ..train import History, train, warmup_cosine
 from .objectives import Specials, random_windows
 
 __all__ = ["ENCDEC_OBJECTIVES", "objective_batch", "objective_loss", "blank_inputs", "blank_gap",
-           "ask_next_token", "ask_infill", "encoder_reads", "ENCDEC_SIZES", "pretrain_objective",
+           "ask_next_token", "ask_infill", "encoder_reads", "ENCDEC_SIZES", "encdec_model", "pretrain_objective",
            "cross_attention_weights", "sentinel_attention"]
 
 ENCDEC_OBJECTIVES = ("span corruption", "BERT-style", "prefix LM", "causal LM")
@@ -175,6 +175,14 @@ def encoder_reads(objective: str) -> bool:
 ENCDEC_SIZES: dict[str, Any] = dict(d_model=64, num_heads=4, num_layers=2, d_ff=256, batch=32, length=64)
 
 
+def encdec_model(specials: Specials, sizes: dict[str, Any] | None = None) -> T5:
+    """A fresh :class:`T5` of ``sizes`` (default :data:`ENCDEC_SIZES`; ``num_layers`` per side),
+    heads of width ``d_model / num_heads``, no dropout: the model every objective trains."""
+    sizes = dict(ENCDEC_SIZES, **(sizes or {}))
+    return T5(specials.config(**{k: sizes[k] for k in ("d_model", "num_heads", "num_layers", "d_ff")},
+                              d_kv=sizes["d_model"] // sizes["num_heads"], dropout=0.0))
+
+
 def pretrain_objective(objective: str, specials: Specials, train_stream: Tensor, steps: int, lr: float,
                        seed: int = 0, sizes: dict[str, Any] | None = None, noise_density: float = 0.15,
                        mean_span_length: float = 3.0, eval_fn: Callable[[T5], dict[str, float]] | None = None,
@@ -193,8 +201,7 @@ def pretrain_objective(objective: str, specials: Specials, train_stream: Tensor,
         raise ValueError(f"total_steps must be >= steps = {steps}, got {total_steps}")
     device = train_stream.device
     torch.manual_seed(seed)
-    model = T5(specials.config(**{k: sizes[k] for k in ("d_model", "num_heads", "num_layers", "d_ff")},
-                               d_kv=sizes["d_model"] // sizes["num_heads"], dropout=0.0)).to(device)
+    model = encdec_model(specials, sizes).to(device)
     g = torch.Generator(device=device).manual_seed(seed)
 
     def make_batch(step: int) -> tuple[Tensor, Tensor]:

@@ -48,7 +48,7 @@ from tfm_course.experiments import stored_runs
 from tfm_course.experiments.context_questions import (answer_questions, context_questions, count_references,
                                                       split_documents)
 from tfm_course.experiments.encdec_objectives import (ENCDEC_OBJECTIVES, ENCDEC_SIZES, blank_gap,
-                                                      objective_batch, pretrain_objective)
+                                                      encdec_model, objective_batch, pretrain_objective)
 from tfm_course.experiments.objectives import Specials, random_windows, token_stream
 from tfm_course.experiments.t5_transfer import fine_tune_kind, kind_baselines, kind_task
 from tfm_course.models.t5 import T5
@@ -127,8 +127,7 @@ def load_start(size_key: tuple, file: str | None, seed: int, folder: str) -> T5:
     of ``seed`` (the initial weights every pretraining of that seed began from)."""
     sizes, s = dict(size_key), setting(size_key)
     torch.manual_seed(seed)
-    model = T5(s["specials"].config(**{k: sizes[k] for k in ("d_model", "num_heads", "num_layers", "d_ff")},
-                                    d_kv=sizes["d_model"] // sizes["num_heads"], dropout=0.0))
+    model = encdec_model(s["specials"], sizes)
     if file is not None:
         state = torch.load(Path(folder) / file, weights_only=True)
         model.load_state_dict({k: v.float() for k, v in state.items()})
