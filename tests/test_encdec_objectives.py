@@ -99,6 +99,19 @@ def test_cross_attention_weights_are_distributions_and_uniform_without_keys():
         assert att[f"layer 0: {name}"] == pytest.approx(att["uniform"])
 
 
+def test_sentinel_attention_reports_the_heads_it_is_given():
+    from tfm_course.experiments.encdec_objectives import sentinel_attention
+    model = tiny()
+    batch = objective_batch("span corruption", raw(2, 39), SPECIALS, torch.Generator().manual_seed(0))
+    chosen = sentinel_attention(model, batch, SPECIALS)
+    heads = [1 - chosen["layer 0: head"]]  # the other of the two heads
+    other = sentinel_attention(model, batch, SPECIALS, heads=heads)
+    assert other["layer 0: head"] == heads[0]
+    assert other["layer 0: left of the same sentinel"] <= chosen["layer 0: left of the same sentinel"]
+    with pytest.raises(ValueError, match=r"one per decoder block \(1\), got 2"):
+        sentinel_attention(model, batch, SPECIALS, heads=[0, 1])
+
+
 def test_the_prefix_lm_can_be_asked_with_the_cut_inside_the_context():
     model, x = tiny(), raw(length=9)
     context = x[:, :6]

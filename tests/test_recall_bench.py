@@ -204,7 +204,7 @@ def _load_tool():
 def test_bench_recall_script_writes_table_json_and_figure(tmp_path, capsys):
     tool = _load_tool()
     tool.main(["--settings", "12:2,15:3", "--mixers", "attention,hybrid", "--seeds", "2",
-               "--steps", "2", "--vocab-size", "16", "--d-model", "16", "--out", str(tmp_path),
+               "--steps", "2", "--vocab-size", "16", "--d-model", "16", "--lrs", "3e-3", "--workers", "1", "--out", str(tmp_path),
                "--device", "cpu"])
     printed = capsys.readouterr().out
     assert "command: python tools/runs/bench_recall.py --settings 12:2,15:3" in printed and "machine: cpu" in printed
@@ -224,8 +224,11 @@ def test_bench_recall_defaults_follow_the_device():
     tool = _load_tool()
     quick = tool.parse_args(["--quick", "--device", "cpu"])
     assert quick.setting_list == [(64, 4)] and quick.seeds == 1
-    full = tool.parse_args(["--device", "cpu"])
-    assert full.setting_list == [(64, 4), (128, 8), (256, 16)] and full.workers == 1
+    full = tool.parse_args(["--device", "cpu"])  # the fair CPU benchmark of chapter 11
+    assert full.setting_list == [(64, 4), (64, 16)] and full.workers == 2 and full.seeds >= 2
+    assert full.vocab_size >= 1024 and full.tune_on_seed0 and full.weight_decay == 0.1
+    assert len(full.lr_list) >= 3 and max(full.width_list) >= 8 * min(full.width_list)
+    assert "retnet+conv0" in full.mixer_list and full.conv_list == [4]
     with pytest.raises(SystemExit):
         tool.parse_args(["--mixers", "attention,lstm", "--device", "cpu"])
 
@@ -253,6 +256,25 @@ def test_bench_recall_smoke_sweeps_rates_widths_and_short_conv(tmp_path):
     assert "| retnet+conv2 | 12 | 2 | 16 |" in table and "steps to 0.9" in table
 
 
+def test_bench_recall_tunes_the_rate_on_seed0_then_runs_the_other_seeds_at_it(tmp_path):
+    tool = _load_tool()
+    tool.main(["--smoke", "--mixers", "attention,retnet+conv2", "--lrs", "1e-3,3e-2", "--seeds", "3",
+               "--steps", "4", "--tune-on-seed0", "--out", str(tmp_path), "--device", "cpu"])
+    report = json.loads((tmp_path / "bench_recall.json").read_text())
+    records, summary = report["records"], report["summary"]
+    assert len(records) == 2 * 2 + 2 * 2  # the grid at seed 0, then seeds 1 and 2 at one rate
+    chosen = {(c["mixer"], c["short_conv"]): c["lr"] for c in report["chosen_lr"]}
+    assert set(chosen) == {("attention", 0), ("retnet", 2)}
+    for (mixer, conv), lr in chosen.items():
+        mine = [r for r in records if (r["mixer"], r["short_conv"]) == (mixer, conv)]
+        seed0 = {r["lr"]: r for r in mine if r["seed"] == 0}
+        assert seed0[lr]["accuracy"] == max(r["accuracy"] for r in seed0.values())
+        assert sorted(r["seed"] for r in mine if r["seed"] > 0) == [1, 2]
+        assert all(r["lr"] == lr for r in mine if r["seed"] > 0)
+        row, = (r for r in summary if (r["mixer"], r["short_conv"]) == (mixer, conv))
+        assert row["lr"] == lr and row["seeds"] == 3 and row["lrs_tried"] == [1e-3, 3e-2]
+
+
 def test_best_per_cell_prefers_accuracy_then_fewer_steps():
     tool = _load_tool()
     base = dict(mixer="retnet", short_conv=4, d_model=64, seq_len=64, n_pairs=4)
@@ -269,12 +291,14 @@ def test_bench_recall_lists_and_modes():
     args = tool.parse_args(["--device", "cpu", "--lrs", "1e-3,3e-3", "--widths", "32,64",
                             "--short-conv", "4", "--mixers", "retnet,mamba"])
     assert (args.lr_list, args.width_list, args.conv_list) == ([1e-3, 3e-3], [32, 64], [4])
-    jobs = tool.jobs_for(args)  # 3 settings x 2 widths x 2 rates x 2 seeds, for each mixer
-    assert [j["short_conv"] for j in jobs if j["mixer"] == "mamba"] == [0] * 24
-    assert [j["short_conv"] for j in jobs if j["mixer"] == "retnet"] == [4] * 24
+    jobs = tool.jobs_for(args)  # 2 settings x 2 widths x 2 rates x 2 seeds, for each mixer
+    assert [j["short_conv"] for j in jobs if j["mixer"] == "mamba"] == [0] * 16
+    assert [j["short_conv"] for j in jobs if j["mixer"] == "retnet"] == [4] * 16
+    ablation = tool.parse_args(["--device", "cpu", "--mixers", "retnet,retnet+conv0", "--short-conv", "4"])
+    assert sorted({j["short_conv"] for j in tool.jobs_for(ablation)}) == [0, 4]
     assert all("time_limit_s" not in j for j in jobs)
     smoke = tool.parse_args(["--smoke", "--device", "cpu"])
     assert smoke.setting_list == [(12, 2)] and smoke.steps == 2 and smoke.width_list == [16]
-    for bad in (["--lrs", "fast"], ["--short-conv", "-1"], ["--settings", "64"]):
+    for bad in (["--mixers", "retnet+convx"], ["--mixers", "lstm+conv4"], ["--lrs", "fast"], ["--short-conv", "-1"], ["--settings", "64"]):
         with pytest.raises(SystemExit):
             tool.parse_args(bad + ["--device", "cpu"])

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -241,14 +241,18 @@ def cross_attention_weights(model: T5, inputs: Tensor, decoder_inputs: Tensor) -
 
 
 @torch.no_grad()
-def sentinel_attention(model: T5, batch: tuple[Tensor, Tensor], specials: Specials) -> dict[str, float]:
+def sentinel_attention(model: T5, batch: tuple[Tensor, Tensor], specials: Specials,
+                       heads: Sequence[int] | None = None) -> dict[str, float]:
     """Where a span-corruption decoder looks when it has just read sentinel ``<extra_id_k>`` (the
     decoder position that predicts the first dropped token). Per decoder block, for the head that
     looks most at it: the mean cross-attention weight on the encoder token just **left of the same
     sentinel** (the token before the dropped span), on the same sentinel, and on the token left of
     **another** sentinel of the input (a lookup by position alone would not tell them apart); and
     the uniform weight ``1 / S``. Keys: ``"uniform"``, ``"layer i: head"``, ``"layer i: left of the
-    same sentinel"``, ``"layer i: the same sentinel"``, ``"layer i: left of another sentinel"``."""
+    same sentinel"``, ``"layer i: the same sentinel"``, ``"layer i: left of another sentinel"``.
+
+    ``heads`` (one per decoder block) fixes the heads to report instead, e.g. those this function
+    chose on another batch, so that the choice does not flatter the numbers it reports."""
     inputs, targets = batch
     decoder_inputs = shift_right(targets, specials.pad)
     weights = cross_attention_weights(model, inputs, decoder_inputs)  # (layers, B, heads, T, S)
@@ -269,8 +273,10 @@ def sentinel_attention(model: T5, batch: tuple[Tensor, Tensor], specials: Specia
             count += 1
     out: dict[str, float] = {"uniform": 1.0 / inputs.shape[1]}
     means = sums / max(count, 1) if count else torch.full_like(sums, math.nan)
+    if heads is not None and len(heads) != n_layers:
+        raise ValueError(f"heads: expected one per decoder block ({n_layers}), got {len(heads)}")
     for layer in range(n_layers):
-        head = int(means[0, layer].argmax())
+        head = int(means[0, layer].argmax()) if heads is None else int(heads[layer])
         out[f"layer {layer}: head"] = head
         for k, name in enumerate(("left of the same sentinel", "the same sentinel", "left of another sentinel")):
             out[f"layer {layer}: {name}"] = float(means[k, layer, head])

@@ -20,8 +20,8 @@ from ..viz import markdown_table
 __all__ = ["run_key", "seed_curves", "final", "crossed_table", "transfer_results"]
 
 _METRICS = (("blank gap", "blank gap", 2), ("next token loss", "next token: loss", 2),
-            ("next token accuracy", "accuracy", 3), ("infill loss", "infilling: loss", 2),
-            ("infill accuracy", "accuracy ", 3))
+            ("next token accuracy", "next token: accuracy", 3), ("infill loss", "infilling: loss", 2),
+            ("infill accuracy", "infilling: accuracy", 3))
 
 
 def run_key(run: Mapping[str, Any], arm: str, seed: int, lr_of: str | None = None) -> str:
@@ -63,9 +63,10 @@ def crossed_table(run: Mapping[str, Any], objectives: Sequence[str],
                             "infill: KN two-sided bigram"),
                            ("KN 4-gram", "next token: KN 4-gram", None)):
         rows.append({"model": f"counts: {name}", "peak lr": "", "blank gap": "",
-                     "next token: loss": f"{refs[nxt]['loss']:.2f}", "accuracy": f"{refs[nxt]['accuracy']:.3f}",
+                     "next token: loss": f"{refs[nxt]['loss']:.2f}",
+                     "next token: accuracy": f"{refs[nxt]['accuracy']:.3f}",
                      "infilling: loss": f"{refs[inf]['loss']:.2f}" if inf else "",
-                     "accuracy ": f"{refs[inf]['accuracy']:.3f}" if inf else ""})
+                     "infilling: accuracy": f"{refs[inf]['accuracy']:.3f}" if inf else ""})
     singles = [(f"{arm} (seed 0)", run["final"][run_key(run, arm, 0, lr_of="span corruption")])
                for arm in run["settings"]["ablations"]] + list(extra)
     for label, metrics in singles:

@@ -53,13 +53,20 @@ from tfm_course.experiments.stored_runs import _commit  # noqa: E402
 from tfm_course.models.mixer_lm import MIXERS  # noqa: E402
 from tfm_course.models.mixers import SHORT_CONV_KINDS  # noqa: E402
 
-SIZE = dict(vocab_size=256, widths="64", lrs="3e-3", short_conv="0")
-CPU = dict(SIZE, settings="64:4,128:8,256:16", seeds=2, steps=1500, batch_size=64, workers=1)
-GPU = dict(SIZE, settings="64:4,128:8,256:16,512:32", seeds=3, steps=10000, batch_size=64,
+FAIR = "attention,retnet,retnet+conv0,performer,mamba2,deltanet,gated_deltanet"  # + mamba on a GPU
+CPU = dict(mixers=FAIR, vocab_size=1024, widths="16,128", lrs="1e-3,3e-3,1e-2", short_conv="4",
+           weight_decay=0.1, tune_on_seed0=True, settings="64:4,64:16", seeds=2, steps=600,
+           batch_size=64, workers=2)
+GPU = dict(mixers=FAIR + ",mamba,hybrid", vocab_size=8192, widths="32,64,128,256",
+           lrs="3e-4,1e-3,3e-3,1e-2", short_conv="4", weight_decay=0.1, tune_on_seed0=True,
+           settings="256:8,256:16,256:32,256:64", seeds=3, steps=2000, batch_size=64,
            workers=None)  # workers: one per 16 GB of GPU memory, at most 8
-QUICK = dict(SIZE, settings="64:4", seeds=1, steps=300, batch_size=64, workers=1)
-SMOKE = dict(vocab_size=16, widths="16", lrs="3e-3", short_conv="0", settings="12:2", seeds=1,
-             steps=2, batch_size=8, workers=1)
+QUICK = dict(mixers=",".join(MIXERS), vocab_size=256, widths="64", lrs="3e-3", short_conv="0",
+             weight_decay=0.0, tune_on_seed0=False, settings="64:4", seeds=1, steps=300,
+             batch_size=64, workers=1)
+SMOKE = dict(mixers=",".join(MIXERS), vocab_size=16, widths="16", lrs="3e-3", short_conv="0",
+             weight_decay=0.0, tune_on_seed0=False, settings="12:2", seeds=1, steps=2, batch_size=8,
+             workers=1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny: seconds in all, to check the tool runs")
     p.add_argument("--quick", action="store_true", help="CI size: (64, 4), one seed, 300 steps")
     p.add_argument("--settings", help="comma-separated length:pairs, e.g. 64:4,128:8")
-    p.add_argument("--mixers", default=",".join(MIXERS), help=f"subset of {','.join(MIXERS)}")
+    p.add_argument("--mixers", help=f"subset of {','.join(MIXERS)}; name+conv<k> fixes a mixer's "
+                   "short conv (retnet+conv0: the ablation)")
     p.add_argument("--seeds", type=int, help="seeds per cell and rate: 0, 1, ...")
     p.add_argument("--steps", type=int, help="the budget: optimiser steps per run")
     p.add_argument("--batch-size", type=int)
@@ -76,7 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--widths", "--d-model", dest="widths", help="comma-separated d_model values")
     p.add_argument("--short-conv", help="comma-separated short-conv widths on q, k, v for "
                    f"{','.join(SHORT_CONV_KINDS)} (0: none), e.g. 0,4 for the ablation")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW, on matrices only")
+    p.add_argument("--weight-decay", type=float, help="AdamW, on matrices only")
+    p.add_argument("--tune-on-seed0", action="store_true", default=None,
+                   help="the rate grid at seed 0 only; the other seeds at each cell's best rate")
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--eval-every", type=int, default=50, help="steps between test evaluations")
@@ -105,7 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"need length:pairs settings and short-conv widths >= 0, got {args.settings!r}, "
                 f"{args.short_conv!r}")
     args.mixer_list = args.mixers.split(",")
-    unknown = set(args.mixer_list) - set(MIXERS)
+    try:
+        unknown = {name for name in args.mixer_list if mixer_convs(name, [0])[0] not in MIXERS}
+    except ValueError as error:
+        p.error(f"a mixer is a name or name+conv<width>, e.g. retnet+conv0: {error}")
     if unknown:
         p.error(f"unknown mixers {sorted(unknown)}; choose from {MIXERS}")
     return args
@@ -114,14 +127,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 LISTS = ("setting_list", "mixer_list", "lr_list", "width_list", "conv_list")
 
 
-def jobs_for(args: argparse.Namespace) -> list[dict]:
-    """One ``train_recall`` call per setting, width, mixer, short conv, learning rate and seed."""
+def mixer_convs(name: str, convs: list[int]) -> tuple[str, list[int]]:
+    """``"retnet"`` -> (retnet, every ``--short-conv`` width if it takes one, else [0]);
+    ``"retnet+conv0"`` -> (retnet, [0]): one cell with its own width (an ablation)."""
+    mixer, _, conv = name.partition("+conv")
+    if conv:
+        return mixer, [int(conv)]
+    return mixer, sorted(set(convs)) if mixer in SHORT_CONV_KINDS else [0]
+
+
+def jobs_for(args: argparse.Namespace, seeds: list[int] | None = None,
+             lrs: dict[tuple, float] | None = None) -> list[dict]:
+    """One ``train_recall`` call per setting, width, mixer, short conv, learning rate and seed.
+
+    ``seeds`` (default: all) restricts the seeds; ``lrs`` maps a cell (:data:`CELL`) to the one
+    rate its runs use (the cells it lacks are left out)."""
     jobs = []
     for length, pairs in args.setting_list:
         for width in args.width_list:
-            for mixer in args.mixer_list:
-                convs = sorted(set(args.conv_list)) if mixer in SHORT_CONV_KINDS else [0]
-                for conv, lr, seed in itertools.product(convs, args.lr_list, range(args.seeds)):
+            for name in args.mixer_list:
+                mixer, convs = mixer_convs(name, args.conv_list)
+                for conv, lr, seed in itertools.product(convs, args.lr_list,
+                                                        seeds if seeds is not None else range(args.seeds)):
+                    if lrs is not None:
+                        cell = (mixer, conv, width, length, pairs)
+                        if lrs.get(cell) != lr:
+                            continue
                     jobs.append(dict(mixer=mixer, seq_len=length, n_pairs=pairs, seed=seed,
                                      vocab_size=args.vocab_size, d_model=width, short_conv=conv,
                                      num_layers=args.num_layers, steps=args.steps,
@@ -179,17 +210,26 @@ def summarise(records: list[dict]) -> list[dict]:
     return sorted(rows, key=_order)
 
 
-def best_per_cell(rows: list[dict]) -> list[dict]:
+def best_per_cell(rows: list[dict], chosen: dict[tuple, float] | None = None) -> list[dict]:
     """Of the rows of :func:`summarise`, each cell's best learning rate: highest mean accuracy,
-    then fewest mean steps (early stopping at the target makes faster rates take fewer)."""
+    then fewest mean steps (early stopping at the target makes faster rates take fewer).
+    ``chosen`` (cell -> rate) overrides the choice: with ``--tune-on-seed0`` the rate is chosen
+    on seed 0 alone, and only that rate has the other seeds."""
     cells: dict[tuple, list[dict]] = {}
     for row in rows:
         cells.setdefault(tuple(row[k] for k in CELL), []).append(row)
     best = []
-    for candidates in cells.values():
-        top = max(candidates, key=lambda r: (r["accuracy"], -r["steps"]))
+    for key, candidates in cells.items():
+        if chosen and key in chosen:
+            top = next(r for r in candidates if r["lr"] == chosen[key])
+        else:
+            top = max(candidates, key=lambda r: (r["accuracy"], -r["steps"]))
         best.append({**top, "lrs_tried": sorted(r["lr"] for r in candidates)})
     return sorted(best, key=_order)
+
+
+def _cell(row: dict) -> tuple:
+    return tuple(row[k] for k in CELL)
 
 
 def _steps_list(values: list[int | None]) -> str:
@@ -246,8 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     command = "python tools/runs/bench_recall.py " + " ".join(shlex.quote(a) for a in given)
     where = machine(args.device, args.threads)
     print(f"command: {command}\nmachine: {where}", flush=True)
-    jobs = jobs_for(args)
     records: list[dict] = []
+    chosen: dict[tuple, float] = {}
     start = time.perf_counter()
     commit = _commit()
 
@@ -261,21 +301,31 @@ def main(argv: list[str] | None = None) -> None:
         report = {"command": command, "commit": commit, "machine": where, "device": args.device,
                   "torch": torch.__version__, "python": platform.python_version(),
                   "args": {k: v for k, v in vars(args).items() if k not in LISTS},
-                  "records": records, "by_lr": by_lr, "summary": best_per_cell(by_lr),
+                  "records": records, "by_lr": by_lr, "summary": best_per_cell(by_lr, chosen),
+                  "chosen_lr": [dict(zip(CELL, cell), lr=lr) for cell, lr in chosen.items()],
                   "wall_s": time.perf_counter() - start}
         (out / "bench_recall.json").write_text(json.dumps(report, indent=1))
 
-    if args.workers > 1:
-        with mp.get_context("spawn").Pool(args.workers) as pool:
-            for record in pool.imap_unordered(run_one, jobs):
-                save(record)
+    def run_all(jobs: list[dict]) -> None:
+        if args.workers > 1:
+            with mp.get_context("spawn").Pool(args.workers) as pool:
+                for record in pool.imap_unordered(run_one, jobs):
+                    save(record)
+        else:
+            for job in jobs:
+                save(run_one(job))
+
+    if args.tune_on_seed0:  # the grid at seed 0, then the other seeds at each cell's best rate
+        run_all(jobs_for(args, seeds=[0]))
+        chosen.update({_cell(r): r["lr"] for r in best_per_cell(summarise(records))})
+        run_all(jobs_for(args, seeds=list(range(1, args.seeds)), lrs=chosen))
     else:
-        for job in jobs:
-            save(run_one(job))
-    rows = best_per_cell(summarise(records))
+        run_all(jobs_for(args))
+    rows = best_per_cell(summarise(records), chosen)
     header = (f"MQAR, vocabulary {args.vocab_size}, {args.num_layers} layers, {args.steps} steps, "
               f"batch {args.batch_size}, weight decay {args.weight_decay:g}; best of learning rates "
-              f"{args.lrs}; `{command}` on {where}, commit {commit[:12]}; "
+              f"{args.lrs}{' (chosen on seed 0)' if chosen else ''}; `{command}` on {where}, "
+              f"commit {commit[:12]}; "
               f"total {time.perf_counter() - start:.0f} s")
     (out / "bench_recall.md").write_text(markdown(rows, header))
     figure(rows, out / "bench_recall.png", f"{command}\n{where}")
