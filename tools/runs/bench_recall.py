@@ -54,6 +54,10 @@ from tfm_course.models.mixer_lm import MIXERS  # noqa: E402
 from tfm_course.models.mixers import SHORT_CONV_KINDS  # noqa: E402
 
 FAIR = "attention,retnet,retnet+conv0,performer,mamba2,deltanet,gated_deltanet"  # + mamba on a GPU
+# The CPU default is the fair protocol, not yet a size that learns: at vocabulary 1,024,
+# L 64, 8 pairs, attention scored 0.025 after 600 steps (0.10 after 2,000 at lr 1e-2), still
+# before the 1/pairs plateau; Zoology's figure trains ~12,500 steps at batch 512. Size the steps
+# before a stored run (tools/runs/partial/ holds an interrupted run at vocabulary 256).
 CPU = dict(mixers=FAIR, vocab_size=1024, widths="16,128", lrs="1e-3,3e-3,1e-2", short_conv="4",
            weight_decay=0.1, tune_on_seed0=True, settings="64:4,64:16", seeds=2, steps=600,
            batch_size=64, workers=2)
