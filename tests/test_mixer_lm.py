@@ -199,3 +199,19 @@ def test_mixer_lm_with_the_2024_recurrences_trains(kind, short_conv):
         losses.append(loss.item())
     assert all(map(math.isfinite, losses)) and losses[-1] < losses[0] - 0.1
 
+
+
+@pytest.mark.parametrize("mixer", ["attention", "retnet"])
+def test_tied_embeddings_share_one_matrix_and_keep_step_equal_to_forward(mixer):
+    untied, tied = _model(mixer), _model(mixer, tie_embeddings=True, embed_std=0.02)
+    assert tied.head.weight is tied.embed.weight
+    assert untied.num_parameters() - tied.num_parameters() == VOCAB * 32   # one vocab × d matrix less
+    assert 0.015 < tied.embed.weight.std().item() < 0.025                  # N(0, 0.02²), not N(0, 1)
+    assert untied.embed.weight.std().item() > 0.5
+    tokens = _tokens(length=20)
+    with torch.no_grad():
+        full, state, outs = tied(tokens), None, []
+        for token in tokens.unbind(1):
+            logits, state = tied.step(token, state)
+            outs.append(logits)
+    torch.testing.assert_close(torch.stack(outs, 1), full, atol=2e-5, rtol=1e-4)

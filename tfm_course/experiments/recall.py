@@ -111,6 +111,7 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
                  n_test: int = 512, target: float | None = 0.99, eval_every: int = 50,
                  time_limit_s: float | None = None, device: torch.device | str | None = None,
                  scan_mode: str | None = None, short_conv: int | None = None,
+                 tie_embeddings: bool = False, embed_std: float | None = None,
                  progress: bool = False) -> RecallResult:
     """Train one ``MixerLM(mixer)`` on MQAR(``seq_len``, ``n_pairs``); return a :class:`RecallResult`.
 
@@ -131,7 +132,8 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
     scan_mode = scan_mode or by_device("sequential", "parallel", device)
     torch.manual_seed(seed)
     model = MixerLM(vocab_size, mixer, d_model=d_model, num_layers=num_layers,
-                    num_heads=num_heads, scan_mode=scan_mode, short_conv=short_conv).to(device)
+                    num_heads=num_heads, scan_mode=scan_mode, short_conv=short_conv,
+                    tie_embeddings=tie_embeddings, embed_std=embed_std).to(device)
     optimizer = torch.optim.AdamW(weight_decay_groups(model, weight_decay, no_decay_parameters(model)),
                                   lr=lr)
     data_gen = torch.Generator().manual_seed(seed)

@@ -94,12 +94,17 @@ class MixerLM(nn.Module):
             (None or 0: off; only for :data:`~tfm_course.models.mixers.SHORT_CONV_KINDS`, see
             :func:`~tfm_course.models.mixers.make_mixer`). Its weights count towards the layer's
             parameters, so with ``match_parameters`` the FFN is narrower by as much.
+        tie_embeddings: the head reuses the embedding matrix (GPT-2, ``mamba_ssm`` and Zoology
+            do), so emitting a token that was read is a dot product with its own embedding.
+        embed_std: if given, the embedding starts as N(0, ``embed_std``²) (those references:
+            0.02) instead of PyTorch's N(0, 1).
     """
 
     def __init__(self, vocab_size: int, mixer: str = "attention", d_model: int = 64,
                  num_layers: int = 2, num_heads: int = 4, d_ff: int | None = None,
                  num_features: int | None = None, match_parameters: bool = True,
-                 scan_mode: str = "sequential", short_conv: int | None = None) -> None:
+                 scan_mode: str = "sequential", short_conv: int | None = None,
+                 tie_embeddings: bool = False, embed_std: float | None = None) -> None:
         super().__init__()
         if d_model % num_heads or (d_model // num_heads) % 2:
             raise ValueError(f"d_model {d_model} must split into {num_heads} heads of even width")
@@ -115,6 +120,10 @@ class MixerLM(nn.Module):
                                                scan_mode, short_conv) for kind in kinds)
         self.norm = RMSNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
+        if embed_std is not None:
+            nn.init.normal_(self.embed.weight, std=embed_std)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
 
     def forward(self, tokens: Tensor) -> Tensor:
         if tokens.dim() != 2 or tokens.is_floating_point():
