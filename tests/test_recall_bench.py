@@ -209,8 +209,12 @@ def test_bench_recall_script_writes_table_json_and_figure(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "command: python tools/runs/bench_recall.py --settings 12:2,15:3" in printed and "machine: cpu" in printed
     report = json.loads((tmp_path / "bench_recall.json").read_text())
-    assert len(report["records"]) == 2 * 2 * 2 and report["machine"].startswith("cpu")
-    assert "1 thread per run" in report["machine"]  # the threads the runs used, not the notebook's
+    assert len(report["records"]) == 2 * 2 * 2 and report["machine_text"].startswith("cpu")
+    assert "1 thread per run" in report["machine_text"]  # the threads the runs used, not the notebook's
+    assert stored_runs.missing_fields(report) == []   # a stored run like every other
+    assert report["machine"]["device"] == "cpu" and report["machine"]["threads"] == 1
+    assert len(report["curves"]) == len(report["steps"]) == 8 and len(report["corpus"]) == 16
+    assert report["name"] == "bench_recall" and report["seeds"] == [0, 1]
     summary = report["summary"]
     assert [(r["mixer"], r["seq_len"], r["seeds"]) for r in summary] == [
         ("attention", 12, 2), ("hybrid", 12, 2), ("attention", 15, 2), ("hybrid", 15, 2)]
@@ -218,6 +222,13 @@ def test_bench_recall_script_writes_table_json_and_figure(tmp_path, capsys):
     assert "| hybrid | 15 | 3 |" in table and "state bytes" in table and "CPU seconds" in table
     assert all(0 < r["cpu_seconds"] for r in report["records"])
     assert (tmp_path / "bench_recall.png").stat().st_size > 10_000
+
+
+def test_the_data_fingerprint_changes_with_the_setting():
+    tool = _load_tool()
+    one = tool.data_fingerprint([(12, 2)], 16)
+    assert one == tool.data_fingerprint([(12, 2)], 16) and len(one) == 16
+    assert one != tool.data_fingerprint([(12, 3)], 16) != tool.data_fingerprint([(12, 2)], 32)
 
 
 def test_bench_recall_defaults_follow_the_device():
@@ -303,3 +314,23 @@ def test_bench_recall_lists_and_modes():
     for bad in (["--mixers", "retnet+convx"], ["--mixers", "lstm+conv4"], ["--lrs", "fast"], ["--short-conv", "-1"], ["--settings", "64"]):
         with pytest.raises(SystemExit):
             tool.parse_args(bad + ["--device", "cpu"])
+
+
+def test_recall_figure_has_a_panel_per_setting_and_a_line_per_mixer():
+    from tfm_course.experiments.recall_report import mixer_label, recall_against_state
+
+    def row(mixer, conv, pairs, state, acc):
+        return dict(mixer=mixer, short_conv=conv, seq_len=32, n_pairs=pairs, state_bytes=state,
+                    accuracy=acc, accuracy_min=acc - 0.01, accuracy_max=acc + 0.01)
+
+    rows = [row("attention", 0, 4, 4096, 0.9), row("attention", 0, 4, 32768, 0.95),
+            row("retnet", 4, 4, 1024, 0.5), row("retnet", 0, 4, 1000, 0.2), row("retnet", 4, 8, 1024, 0.3)]
+    fig = recall_against_state(rows, title="t")
+    left, right = fig.axes[:2]
+    assert [ax.get_title() for ax in (left, right)] == ["L = 32, 4 pairs", "L = 32, 8 pairs"]
+    assert left.get_xscale() == "log"
+    legend = [t.get_text() for t in right.get_legend().get_texts()]
+    assert legend == ["attention", "retnet+conv4", "retnet"]  # every mixer once, convs first
+    assert [mixer_label(r) for r in rows[2:4]] == ["retnet+conv4", "retnet"]
+    with pytest.raises(ValueError, match="at least one row"):
+        recall_against_state([])

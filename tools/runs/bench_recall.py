@@ -14,14 +14,16 @@ steps (training stops early only at ``--target``), never in seconds. A cell is (
 width, length, pairs); as in Zoology's figures, each cell shows its best learning rate (highest
 mean accuracy over seeds, then fewest steps), and every run is stored. Writes into ``--out``:
 
-* ``bench_recall.json`` — the command, git commit, machine (device, torch, Python), arguments, one
-  record per run, the rows per learning rate (``by_lr``) and the best per cell (``summary``);
+* ``NAME.json`` (``--name``, default ``bench_recall``) — a stored run
+  (``tfm_course.experiments.stored_runs``: command, git commit, machine, seeds, steps, tokens,
+  CPU and wall seconds, an accuracy curve per run, a fingerprint of the data) with the arguments,
+  one record per run, the rows per learning rate (``by_lr``) and the best per cell (``summary``);
   rewritten after every run, so an interrupted benchmark keeps what it finished;
-* ``bench_recall.md`` — the best rows: accuracy (mean, min–max over seeds), steps to 0.5 and 0.9
+* ``NAME.md`` — the best rows: accuracy (mean, min–max over seeds), steps to 0.5 and 0.9
   accuracy per seed, parameters, state bytes per sequence after L tokens (KV cache or recurrent
   state, fp32), seconds (wall clock and this process's CPU time, which is what counts on a shared
   machine), steps;
-* ``bench_recall.png`` — accuracy against state bytes (log x), one panel per setting, one colour
+* ``NAME.png`` — accuracy against state bytes (log x), one panel per setting, one colour
   per mixer, the widths joined by a line.
 
 On a GPU the runs go to ``--workers`` processes at once (small models leave the GPU mostly idle).
@@ -30,6 +32,8 @@ On a GPU the runs go to ``--workers`` processes at once (small models leave the 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import itertools
 import json
 import multiprocessing as mp
@@ -49,6 +53,8 @@ import torch  # noqa: E402
 
 from tfm_course.device import describe, get_device  # noqa: E402
 from tfm_course.experiments.recall import train_recall  # noqa: E402
+from tfm_course.experiments.recall_report import mixer_label, recall_against_state  # noqa: E402
+from tfm_course.data.recall import multi_query_recall  # noqa: E402
 from tfm_course.experiments.stored_runs import _commit  # noqa: E402
 from tfm_course.models.mixer_lm import MIXERS  # noqa: E402
 from tfm_course.models.mixers import SHORT_CONV_KINDS  # noqa: E402
@@ -102,6 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="CPU threads per run")
     p.add_argument("--device", help="cpu, cuda, ... (default: the best available)")
     p.add_argument("--out", default="bench_recall", help="output folder")
+    p.add_argument("--name", default="bench_recall", help="the run's name: NAME.json, NAME.md, NAME.png")
     args = p.parse_args(argv)
     device = get_device(args.device)
     defaults = SMOKE if args.smoke else QUICK if args.quick else GPU if device.type == "cuda" else CPU
@@ -189,9 +196,7 @@ def machine(device: str, threads: int) -> str:
 CELL = ("mixer", "short_conv", "d_model", "seq_len", "n_pairs")  # what the best rate is chosen for
 
 
-def label(row: dict) -> str:
-    """``retnet`` or ``retnet+conv4``."""
-    return row["mixer"] + (f"+conv{row['short_conv']}" if row.get("short_conv") else "")
+label = mixer_label  # ``retnet`` or ``retnet+conv4``
 
 
 def _order(row: dict) -> tuple:
@@ -264,27 +269,43 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = sorted({(r["seq_len"], r["n_pairs"]) for r in rows})
-    labels = sorted({label(r) for r in rows}, key=lambda name: (MIXERS.index(name.split("+")[0]), name))
-    colours = {name: f"C{i}" for i, name in enumerate(labels)}
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings) + 1, 4), squeeze=False)
-    for ax, (length, pairs) in zip(axes[0], settings):
-        for name in labels:
-            mine = sorted((r for r in rows if label(r) == name and (r["seq_len"], r["n_pairs"])
-                           == (length, pairs)), key=lambda r: r["state_bytes"])
-            if not mine:
-                continue
-            err = [[r["accuracy"] - r["accuracy_min"] for r in mine],
-                   [r["accuracy_max"] - r["accuracy"] for r in mine]]
-            ax.errorbar([r["state_bytes"] for r in mine], [r["accuracy"] for r in mine], yerr=err,
-                        marker="o", capsize=3, color=colours[name], label=name)
-        ax.set(xscale="log", xlabel="state per sequence after L tokens (bytes, fp32)",
-               ylabel="test accuracy (best lr)", ylim=(-0.02, 1.02), title=f"L = {length}, {pairs} pairs")
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig = recall_against_state(rows, title)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def data_fingerprint(settings: list[tuple[int, int]], vocab_size: int) -> str:
+    """16 hex digits of the sha256 of each setting's first batch: the stored run's ``corpus``
+    (MQAR is generated, so this changes only if the generator does)."""
+    digest = hashlib.sha256()
+    for length, pairs in settings:
+        inputs, labels = multi_query_recall(8, vocab_size=vocab_size, seq_len=length, n_pairs=pairs,
+                                            generator=torch.Generator().manual_seed(0))
+        digest.update(inputs.numpy().tobytes() + labels.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def run_key(record: dict) -> str:
+    """``retnet+conv4 d16 L32 pairs4 lr0.003 seed0``: one run's key in ``steps`` and ``curves``."""
+    return (f"{label(record)} d{record['d_model']} L{record['seq_len']} pairs{record['n_pairs']} "
+            f"lr{record['lr']:g} seed{record['seed']}")
+
+
+def stored_fields(report: dict, name: str, seeds: int, device: str, threads: int,
+                  settings: list[tuple[int, int]], vocab_size: int, batch_size: int) -> dict:
+    """The fields every stored run has (``tfm_course.experiments.stored_runs.REQUIRED``), from the
+    benchmark's report: per-run steps, tokens and accuracy curves, CPU seconds summed over runs."""
+    records = report["records"]
+    return {"name": name, "date": datetime.date.today().isoformat(), "seeds": list(range(seeds)),
+            "machine": {"device": torch.device(device).type, "threads": threads,
+                        "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                        "processor": platform.machine(), "description": report["machine_text"]},
+            "steps": {run_key(r): r["steps"] for r in records},
+            "tokens_seen": {run_key(r): r["steps"] * batch_size * r["seq_len"] for r in records},
+            "curves": {run_key(r): r["curve"] for r in records},
+            "cpu_seconds": sum(r.get("cpu_seconds", 0.0) for r in records),
+            "wall_seconds": report["wall_s"], "corpus": data_fingerprint(settings, vocab_size),
+            "checkpoints": {}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -307,13 +328,15 @@ def main(argv: list[str] | None = None) -> None:
               f"accuracy={record['accuracy']:.3f} steps={record['steps']} "
               f"{record['seconds']:.1f} s ({record['cpu_seconds']:.1f} s CPU)", flush=True)
         by_lr = summarise(records)
-        report = {"command": command, "commit": commit, "machine": where, "device": args.device,
+        report = {"command": command, "commit": commit, "machine_text": where, "device": args.device,
                   "torch": torch.__version__, "python": platform.python_version(),
                   "args": {k: v for k, v in vars(args).items() if k not in LISTS},
                   "records": records, "by_lr": by_lr, "summary": best_per_cell(by_lr, chosen),
                   "chosen_lr": [dict(zip(CELL, cell), lr=lr) for cell, lr in chosen.items()],
                   "wall_s": time.perf_counter() - start}
-        (out / "bench_recall.json").write_text(json.dumps(report, indent=1))
+        report.update(stored_fields(report, args.name, args.seeds, args.device, args.threads,
+                                    args.setting_list, args.vocab_size, args.batch_size))
+        (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
 
     def run_all(jobs: list[dict]) -> None:
         if args.workers > 1:
@@ -336,8 +359,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{args.lrs}{' (chosen on seed 0)' if chosen else ''}; `{command}` on {where}, "
               f"commit {commit[:12]}; "
               f"total {time.perf_counter() - start:.0f} s")
-    (out / "bench_recall.md").write_text(markdown(rows, header))
-    figure(rows, out / "bench_recall.png", f"{command}\n{where}")
+    (out / f"{args.name}.md").write_text(markdown(rows, header))
+    figure(rows, out / f"{args.name}.png", f"{command}\n{where}")
     print(markdown(rows, header))
 
 
