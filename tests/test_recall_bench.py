@@ -334,3 +334,12 @@ def test_recall_figure_has_a_panel_per_setting_and_a_line_per_mixer():
     assert [mixer_label(r) for r in rows[2:4]] == ["retnet+conv4", "retnet"]
     with pytest.raises(ValueError, match="at least one row"):
         recall_against_state([])
+
+
+def test_stop_after_is_the_start_of_the_longer_run():
+    kwargs = dict(vocab_size=16, d_model=16, steps=40, eval_every=10, target=None, seed=3, device="cpu")
+    full = train_recall("retnet", 12, 2, **kwargs)
+    start = train_recall("retnet", 12, 2, stop_after=20, **kwargs)
+    assert start.steps == 20 and start.curve == full.curve[:2]  # the same schedule, cut short
+    with pytest.raises(ValueError, match="multiple of eval_every"):
+        train_recall("retnet", 12, 2, stop_after=15, **kwargs)

@@ -112,7 +112,7 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
                  time_limit_s: float | None = None, device: torch.device | str | None = None,
                  scan_mode: str | None = None, short_conv: int | None = None,
                  tie_embeddings: bool = False, embed_std: float | None = None,
-                 progress: bool = False) -> RecallResult:
+                 stop_after: int | None = None, progress: bool = False) -> RecallResult:
     """Train one ``MixerLM(mixer)`` on MQAR(``seq_len``, ``n_pairs``); return a :class:`RecallResult`.
 
     The model and its training batches are seeded by ``seed``; the test set by ``10_000 + seed``
@@ -121,13 +121,20 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
     training stops early when the test accuracy reaches ``target`` (None: never). The result
     records the final accuracy and the steps to 0.5 and to 0.9 (evaluated every ``eval_every``).
     ``short_conv=k`` gives the mixer a short convolution on q, k, v (the kinds in
-    :data:`~tfm_course.models.mixers.SHORT_CONV_KINDS`; None or 0: none). Mamba's scan is ``scan_mode``, by default sequential on a CPU and parallel on an
-    accelerator.
+    :data:`~tfm_course.models.mixers.SHORT_CONV_KINDS`; None or 0: none). ``tie_embeddings`` and
+    ``embed_std`` go to :class:`~tfm_course.models.mixer_lm.MixerLM`. Mamba's scan is
+    ``scan_mode``, by default sequential on a CPU and parallel on an accelerator.
+
+    ``stop_after`` (a multiple of ``eval_every``) stops after that many steps of the same schedule
+    over ``steps``: the start of a longer run, e.g. to check a stored run's first evaluations.
 
     ``time_limit_s`` also stops training after that many seconds: for interactive use only (a
     notebook session), never in a stored run or a tool, where the budget is ``steps``, so that a
     slower or busier machine gets the same result, only later.
     """
+    if stop_after is not None and (stop_after < 1 or stop_after % eval_every or stop_after > steps):
+        raise ValueError(f"stop_after must be a positive multiple of eval_every ({eval_every}) and at "
+                         f"most steps ({steps}), got {stop_after}")
     device = torch.device(device) if device is not None else get_device()
     scan_mode = scan_mode or by_device("sequential", "parallel", device)
     torch.manual_seed(seed)
@@ -152,6 +159,8 @@ def train_recall(mixer: str, seq_len: int, n_pairs: int, *, vocab_size: int = 25
         return {"accuracy": recall_accuracy(model, test_inputs, test_labels)}
 
     def reached(history) -> bool:
+        if stop_after is not None and len(history.steps) >= stop_after:
+            return True
         return target is not None and history.last("accuracy") >= target
 
     cpu_start = time.process_time()
