@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from tfm_course.efficient.short_conv import ShortConvolution, short_convolution
 from tfm_course.models.mixer_lm import MixerLM, count_parameters
-from tfm_course.models.mixers import SHORT_CONV_KINDS, make_mixer, state_bytes, tensor_bytes
+from tfm_course.models.mixers import CONV_CAPABLE_KINDS, make_mixer, state_bytes, tensor_bytes
 from mixer_helpers import step_through as _steps
 
 D, HEADS = 16, 2
@@ -73,7 +73,7 @@ def test_short_convolution_parameters_and_bad_input():
         conv(torch.randn(2, 5, 4), torch.zeros(2, 3, 4))
 
 
-@pytest.mark.parametrize("kind", SHORT_CONV_KINDS)
+@pytest.mark.parametrize("kind", CONV_CAPABLE_KINDS)
 def test_mixer_with_short_conv_steps_like_forward(kind):
     mixer, x = _mixer(kind, 4), torch.randn(2, 70, D, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -83,7 +83,7 @@ def test_mixer_with_short_conv_steps_like_forward(kind):
     assert state.conv.shape == (2, 3, mixer.qkv_conv.channels)
 
 
-@pytest.mark.parametrize("kind", SHORT_CONV_KINDS)
+@pytest.mark.parametrize("kind", CONV_CAPABLE_KINDS)
 def test_mixer_with_short_conv_is_causal_and_the_conv_matters(kind):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 12, D, generator=g)
@@ -98,7 +98,7 @@ def test_mixer_with_short_conv_is_causal_and_the_conv_matters(kind):
     assert (y - without).abs().max() > 1e-3  # same seed, the conv changes the outputs
 
 
-@pytest.mark.parametrize("kind", SHORT_CONV_KINDS)
+@pytest.mark.parametrize("kind", CONV_CAPABLE_KINDS)
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_short_conv_parameters_and_state_bytes(kind, k):
     off, on = _mixer(kind, None), _mixer(kind, k)
@@ -126,7 +126,7 @@ def test_mixer_lm_with_short_conv_matches_parameters_and_generates():
     assert tensor_bytes(state) == 2 * model.state_bytes(9)
 
 
-@pytest.mark.parametrize("kind", ["attention", "mamba"])
+@pytest.mark.parametrize("kind", ["mamba", "mamba2"])
 def test_short_conv_is_refused_where_it_does_not_apply(kind):
     with pytest.raises(ValueError, match="short_conv applies to"):
         make_mixer(kind, D, HEADS, short_conv=4)

@@ -91,7 +91,7 @@ class MixerLM(nn.Module):
         num_features: random features per Performer head (default ``2 · d_head``).
         scan_mode: Mamba's scan, ``"sequential"`` (CPU) or ``"parallel"`` (GPU); same result.
         short_conv: width of a causal depthwise convolution on q, k, v in every mixer layer
-            (None or 0: off; only for :data:`~tfm_course.models.mixers.SHORT_CONV_KINDS`, see
+            (None or 0: off; only for :data:`~tfm_course.models.mixers.CONV_CAPABLE_KINDS`, see
             :func:`~tfm_course.models.mixers.make_mixer`). Its weights count towards the layer's
             parameters, so with ``match_parameters`` the FFN is narrower by as much.
         tie_embeddings: the head reuses the embedding matrix (GPT-2, ``mamba_ssm`` and Zoology

@@ -39,14 +39,16 @@ from ..efficient.deltanet import DeltaNetMixer
 from ..efficient.mamba import MambaBlock
 from ..efficient.mamba2 import Mamba2Mixer
 from ..efficient.retnet import MultiScaleRetention
-from ..efficient.short_conv import ShortConvolution
+from ..efficient.short_conv import ShortConvolution, short_convolution
 from ..positional import RotaryEmbedding
 
 __all__ = ["KVState", "PerformerState", "CausalAttention", "CausalPerformer", "make_mixer",
-           "state_bytes", "tensor_bytes", "MIXER_KINDS", "SHORT_CONV_KINDS"]
+           "state_bytes", "tensor_bytes", "MIXER_KINDS", "SHORT_CONV_KINDS",
+           "CONV_CAPABLE_KINDS"]
 
 MIXER_KINDS = ("attention", "performer", "retnet", "mamba", "mamba2", "deltanet", "gated_deltanet")
-SHORT_CONV_KINDS = ("performer", "retnet", "deltanet", "gated_deltanet")  # make_mixer(short_conv=k)
+SHORT_CONV_KINDS = ("performer", "retnet", "deltanet", "gated_deltanet")  # the benchmark's default
+CONV_CAPABLE_KINDS = SHORT_CONV_KINDS + ("attention",)  # make_mixer(short_conv=k) accepts these
 
 
 def _check_step_input(x_t: Tensor, d_model: int) -> None:
@@ -56,34 +58,55 @@ def _check_step_input(x_t: Tensor, d_model: int) -> None:
 
 # --------------------------------------------------------------------------- attention
 class KVState(NamedTuple):
-    """The KV cache of one attention layer: ``(batch, heads, tokens so far, d_head)`` each."""
+    """The KV cache of one attention layer: ``(batch, heads, tokens so far, d_head)`` each, and
+    the short convolution's window ``(batch, k − 1, 3·d_model)`` if the layer has one (else None)."""
 
     keys: Tensor
     values: Tensor
+    conv: Tensor | None = None
 
 
 class CausalAttention(nn.Module):
-    """Causal multi-head softmax attention with rotary positions; ``step`` keeps a KV cache."""
+    """Causal multi-head softmax attention with rotary positions; ``step`` keeps a KV cache.
 
-    def __init__(self, d_model: int, num_heads: int) -> None:
+    ``short_conv=k`` adds a causal depthwise convolution of width k (then SiLU) on q, k and v after
+    their projections, before the rotation, as Primer's multi-dconv-head attention does (width 3,
+    no activation there; So et al., 2021): the control experiment for the recurrent mixers'
+    convolution. Off by default, as in GPT-2, Llama and Zoology's attention."""
+
+    def __init__(self, d_model: int, num_heads: int, short_conv: int | None = None) -> None:
         super().__init__()
         self.d_model = d_model
         self.attn = MultiHeadAttention(d_model, num_heads, rotary=RotaryEmbedding(d_model // num_heads))
+        self.qkv_conv = short_convolution(3 * d_model, short_conv)  # None when off
+
+    def _qkv(self, x: Tensor, position: int, window: Tensor | None
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """x ``(batch, L, d_model)`` at positions ``position, ...`` → rotated q, k and v
+        ``(batch, heads, L, d_head)`` and the convolution's new window (None if off)."""
+        a = self.attn
+        q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+        if self.qkv_conv is not None:
+            qkv, window = self.qkv_conv(torch.cat([q, k, v], dim=-1), window)
+            q, k, v = qkv.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
+        q = a.rotary.rotate(split_heads(q, a.num_heads), position)
+        k = a.rotary.rotate(split_heads(k, a.num_heads), position)
+        return q, k, split_heads(v, a.num_heads), window
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.attn(x, mask=causal_mask(x.shape[1], device=x.device))
+        if self.qkv_conv is None:
+            return self.attn(x, mask=causal_mask(x.shape[1], device=x.device))
+        q, k, v, _ = self._qkv(x, 0, None)
+        return self.attn.out_proj(merge_heads(fused_attention(q, k, v, is_causal=True)))
 
     def step(self, x_t: Tensor, state: KVState | None = None) -> tuple[Tensor, KVState]:
         _check_step_input(x_t, self.d_model)
-        a, x = self.attn, x_t[:, None, :]  # (b, 1, d)
         position = 0 if state is None else state.keys.shape[2]
-        q = a.rotary.rotate(split_heads(a.q_proj(x), a.num_heads), position)  # (b, h, 1, d_head)
-        k = a.rotary.rotate(split_heads(a.k_proj(x), a.num_heads), position)
-        v = split_heads(a.v_proj(x), a.num_heads)
+        q, k, v, window = self._qkv(x_t[:, None, :], position, None if state is None else state.conv)
         if state is not None:
             k, v = torch.cat([state.keys, k], dim=2), torch.cat([state.values, v], dim=2)
         out = fused_attention(q, k, v)  # the newest query may read every cached key: no mask
-        return a.out_proj(merge_heads(out))[:, 0], KVState(k, v)
+        return self.attn.out_proj(merge_heads(out))[:, 0], KVState(k, v, window)
 
 
 # --------------------------------------------------------------------------- factory and state
@@ -97,16 +120,17 @@ def make_mixer(kind: str, d_model: int, num_heads: int, num_features: int | None
     ``short_conv=k`` (None or 0: off, the default) adds a causal depthwise convolution of width k,
     then SiLU, on q, k and v after their projections, as flash-linear-attention's retention, GLA
     and DeltaNet layers do (``use_short_conv``): ``channels × k`` more parameters and a window of
-    k − 1 projected tokens in the state. Only for :data:`SHORT_CONV_KINDS` (Mamba has its own
-    convolution; attention does not need one); other kinds raise ValueError. ``DeltaNetMixer``
+    k − 1 projected tokens in the state. For :data:`SHORT_CONV_KINDS`, the recurrent mixers the
+    references give one, and for attention (:data:`CONV_CAPABLE_KINDS`; a control experiment,
+    Primer's multi-dconv-head attention); Mamba has its own, and other kinds raise ValueError. ``DeltaNetMixer``
     itself defaults to width 4 (fla's default, on); through this factory it is off unless asked
     for, like the other kinds. ``"mamba2"`` has its own convolution (d_conv 4) and d_state 16.
     """
-    if short_conv and kind in MIXER_KINDS and kind not in SHORT_CONV_KINDS:
-        raise ValueError(f"short_conv applies to {SHORT_CONV_KINDS}, got short_conv={short_conv!r} "
+    if short_conv and kind in MIXER_KINDS and kind not in CONV_CAPABLE_KINDS:
+        raise ValueError(f"short_conv applies to {CONV_CAPABLE_KINDS}, got short_conv={short_conv!r} "
                          f"for {kind!r}")
     if kind == "attention":
-        return CausalAttention(d_model, num_heads)
+        return CausalAttention(d_model, num_heads, short_conv=short_conv)
     if kind == "performer":
         return CausalPerformer(d_model, num_heads, num_features, short_conv=short_conv)
     if kind == "retnet":
@@ -134,7 +158,8 @@ def state_bytes(mixer: nn.Module, context_len: int, bytes_per_value: int = 4) ->
         raise ValueError(f"context_len must be non-negative, got {context_len}")
     if isinstance(mixer, CausalAttention):
         a = mixer.attn
-        return context_len * kv_cache_bytes(1, a.num_kv_heads, a.d_head, bytes_per_value)
+        return (context_len * kv_cache_bytes(1, a.num_kv_heads, a.d_head, bytes_per_value)
+                + _window_values(mixer) * bytes_per_value)
     if isinstance(mixer, CausalPerformer):
         h, m = mixer.num_heads, mixer.num_features
         return (h * (m * mixer.d_head + m + 1) + _window_values(mixer)) * bytes_per_value
