@@ -215,3 +215,43 @@ def test_tied_embeddings_share_one_matrix_and_keep_step_equal_to_forward(mixer):
             logits, state = tied.step(token, state)
             outs.append(logits)
     torch.testing.assert_close(torch.stack(outs, 1), full, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_prefill_then_steps_continue_the_forward_pass(mixer):
+    model, tokens = _model(mixer), _tokens(length=40)
+    with torch.no_grad():
+        full = model(tokens)
+        last, state = model.prefill(tokens[:, :30])  # the parallel forms where a mixer has them
+        outs = []
+        for token in tokens[:, 30:].unbind(1):
+            logits, state = model.step(token, state)
+            outs.append(logits)
+    torch.testing.assert_close(last, full[:, 29], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(torch.stack(outs, 1), full[:, 30:], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mixer,conv", [("attention", None), ("attention", 4), ("retnet", None),
+                                        ("retnet", 4), ("mamba", None)])
+@pytest.mark.parametrize("length", [1, 2, 9])
+def test_parallel_prefill_state_equals_the_step_loops_state(mixer, conv, length):
+    model = _model(mixer, short_conv=conv) if conv else _model(mixer)
+    tokens = _tokens(length=length)
+    mixer_module = model.layers[0].mixer
+    assert hasattr(mixer_module, "forward_with_state")  # this prefill is not a step loop
+    with torch.no_grad():
+        _, fast = model.prefill(tokens)
+        slow = None
+        for token in tokens.unbind(1):
+            _, slow = model.step(token, slow)
+    for a, b in zip(fast, slow):  # per layer: the same tensors (positions as ints)
+        for x, y in zip(a, b):
+            if isinstance(x, torch.Tensor):
+                torch.testing.assert_close(x, y, atol=2e-5, rtol=1e-4)
+            else:
+                assert x == y
+
+
+def test_prefill_refuses_an_empty_prompt():
+    with pytest.raises(ValueError, match="L >= 1"):
+        _model("retnet").prefill(torch.zeros(2, 0, dtype=torch.long))

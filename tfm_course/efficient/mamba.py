@@ -99,7 +99,8 @@ def _check_scan(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
 
 
 def selective_scan(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                   D: Tensor | None = None, mode: str = "sequential") -> Tensor:
+                   D: Tensor | None = None, mode: str = "sequential",
+                   return_state: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """The S6 recurrence ``h_t = exp(Δ_t A) ⊙ h_{t−1} + Δ_t B_t x_t``, ``y_t = C_t · h_t + D x_t``.
 
     Args:
@@ -111,6 +112,8 @@ def selective_scan(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
 
     Returns y ``(batch, L, d_inner)`` in x's dtype; the scan itself runs in float32 even under
     autocast (a bf16 state would lose the slow decays). Materialises ``(batch, L, d_inner, N)``.
+    ``return_state=True`` also returns the last hidden state ``h_L`` ``(batch, d_inner, N)`` (in
+    the scan's dtype), from which :meth:`MambaBlock.step` continues.
     """
     _check_scan(x, delta, A, B, C, D)
     if mode not in MODES:
@@ -125,7 +128,7 @@ def selective_scan(x: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
         y = (h * C[:, :, None, :]).sum(-1)  # C_t · h_t: (b, L, d)
         if D is not None:
             y = y + D.to(work) * x
-    return y.to(dtype)
+    return (y.to(dtype), h[:, -1]) if return_state else y.to(dtype)
 
 
 # --------------------------------------------------------------------------- the block
@@ -188,17 +191,24 @@ class MambaBlock(nn.Module):
         return F.softplus(self.dt_proj(dt)), B, C
 
     def forward(self, u: Tensor, scan_mode: str | None = None) -> Tensor:
+        return self.forward_with_state(u, scan_mode)[0]
+
+    def forward_with_state(self, u: Tensor, scan_mode: str | None = None) -> tuple[Tensor, MambaState]:
+        """The whole sequence ``(batch, L, d_model)`` at once, and the state :meth:`step` would
+        carry after it (the convolution's last inputs, the scan's last h): a prefill by the scan."""
         if u.dim() != 3 or u.shape[-1] != self.d_model:
             raise ValueError(f"input must be (batch, L, d_model={self.d_model}), "
                              f"got {tuple(u.shape)}")
         length = u.shape[1]
-        x, z = self.in_proj(u).chunk(2, dim=-1)  # (b, L, d_inner) each
-        x = self.conv1d(x.transpose(1, 2))[..., :length].transpose(1, 2)  # causal: first L outputs
+        x_in, z = self.in_proj(u).chunk(2, dim=-1)  # (b, L, d_inner) each
+        x = self.conv1d(x_in.transpose(1, 2))[..., :length].transpose(1, 2)  # causal: first L outputs
         x = F.silu(x)
         delta, B, C = self._ssm_inputs(x)
         A = -torch.exp(self.A_log)
-        y = selective_scan(x, delta, A, B, C, self.D, mode=scan_mode or self.scan_mode)
-        return self.out_proj(y * F.silu(z))
+        y, h = selective_scan(x, delta, A, B, C, self.D, mode=scan_mode or self.scan_mode,
+                              return_state=True)
+        window = F.pad(x_in.transpose(1, 2), (max(0, self.d_conv - 1 - length), 0))  # zeros before t = 0
+        return self.out_proj(y * F.silu(z)), MambaState(window[..., window.shape[-1] - (self.d_conv - 1):], h)
 
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> MambaState:
         """Zeros: an empty convolution window and an empty hidden state."""

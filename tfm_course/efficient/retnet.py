@@ -274,6 +274,22 @@ class MultiScaleRetention(nn.Module):
         out = retention(q, k, v, self.gammas, mode=mode, chunk_size=chunk_size)
         return self._output(out.transpose(1, 2).flatten(2), gate)
 
+    def forward_with_state(self, x: Tensor) -> tuple[Tensor, RetentionState]:
+        """The parallel form over ``x`` ``(batch, L, d_model)``, and the state :meth:`step` would
+        carry after it: ``S_L = Σ_i γ^(L−1−i) k_iᵀ v_i`` per head (a prefill without a step loop)."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (batch, L, d_model={self.d_model}), got {tuple(x.shape)}")
+        length = x.shape[1]
+        positions = torch.arange(length, device=x.device)
+        q, k, v, gate, window = self._qkvg(x, positions)
+        out = retention(q, k, v, self.gammas)
+        work = torch.promote_types(q.dtype, torch.float32)  # the state stays in fp32 (or fp64)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            ages = torch.arange(length - 1, -1, -1, device=x.device, dtype=work)  # L − 1 − i
+            weights = self.gammas.to(work)[:, None] ** ages  # (heads, L)
+            memory = torch.einsum("hl,bhld,bhle->bhde", weights, k.to(work), v.to(work))
+        return self._output(out.transpose(1, 2).flatten(2), gate), RetentionState(memory, length, window)
+
     def step(self, x_t: Tensor,
              state: RetentionState | None = None) -> tuple[Tensor, RetentionState]:
         """One token ``(batch, d_model)`` → ``(y_t (batch, d_model), new state)``."""

@@ -30,10 +30,11 @@ def generation_profile(model: torch.nn.Module, contexts: Sequence[int], batch: i
                        timer: Callable[[], float] = time.perf_counter) -> list[dict]:
     """Memory and time of generation steps after each context length in ``contexts``.
 
-    ``model`` is a :class:`~tfm_course.models.mixer_lm.MixerLM` (any object with ``step(token
-    (batch,), state) -> (logits, state)`` and an ``embed`` table), whose prefill is the same step
-    loop, or chapter 8's :class:`~tfm_course.models.gpt.GPT`, whose KV cache is filled by one
-    parallel pass over the prompt. Random tokens; at each context n the row holds:
+    ``model`` is a :class:`~tfm_course.models.mixer_lm.MixerLM` (any object with ``prefill(tokens
+    (batch, L)) -> (logits, state)``, ``step(token (batch,), state) -> (logits, state)`` and an
+    ``embed`` table), whose prefill runs the parallel forms of attention, RetNet and Mamba, or
+    chapter 8's :class:`~tfm_course.models.gpt.GPT`, whose KV cache is filled by one parallel pass
+    over the prompt. Random tokens; at each context n the row holds:
 
     * ``state_bytes`` — bytes of the tensors in the state after n tokens, per sequence;
     * ``s_per_token`` — seconds of one step, the fastest (``stat="min"``, steady on a busy
@@ -78,11 +79,9 @@ def generation_profile(model: torch.nn.Module, contexts: Sequence[int], batch: i
             rows.append(row)
         model.train(was_training)
         return rows
-    state, done = None, 0
     for n in contexts:
-        for t in range(done, n):  # prefill to exactly n tokens, one step at a time
-            _, state = model.step(tokens[:, t], state)
-        done = n
+        with torch.no_grad():  # prefill to exactly n tokens (the parallel forms where they exist)
+            _, state = model.prefill(tokens[:, :n])
         branch = [state]  # step() never changes a state in place: the timed steps branch off it
 
         def step(t: int) -> None:

@@ -62,6 +62,22 @@ class MixerLayer(nn.Module):
         x = x + self.mixer(self.norm1(x))
         return x + self.ffn(self.norm2(x))
 
+    def prefill(self, x: Tensor) -> tuple[Tensor, Any]:
+        """A whole prompt ``(batch, L, d_model)`` through the layer, and its mixer's state after it:
+        by the mixer's own parallel form where it has one (``forward_with_state``), else by a
+        loop of :meth:`step` over this layer's inputs."""
+        h = self.norm1(x)
+        if hasattr(self.mixer, "forward_with_state"):
+            mixed, state = self.mixer.forward_with_state(h)
+        else:
+            outs, state = [], None
+            for h_t in h.unbind(1):
+                out, state = self.mixer.step(h_t, state)
+                outs.append(out)
+            mixed = torch.stack(outs, dim=1)
+        x = x + mixed
+        return x + self.ffn(self.norm2(x)), state
+
     def step(self, x_t: Tensor, state: Any = None) -> tuple[Tensor, Any]:
         """One position ``(batch, d_model)``; ``state`` is the mixer's (None at the start)."""
         y, state = self.mixer.step(self.norm1(x_t), state)
@@ -151,11 +167,17 @@ class MixerLM(nn.Module):
 
     @torch.no_grad()
     def prefill(self, tokens: Tensor) -> tuple[Tensor, list[Any]]:
-        """Run ``tokens`` ``(batch, L)`` through :meth:`step`; return the last logits and the state."""
-        state = None
-        for token in tokens.unbind(1):
-            logits, state = self.step(token, state)
-        return logits, state
+        """A prompt ``tokens`` ``(batch, L)``, layer by layer (:meth:`MixerLayer.prefill`: the
+        parallel forms of attention, RetNet and Mamba, a step loop for the others); returns the
+        last position's logits and the state :meth:`step` continues from."""
+        if tokens.dim() != 2 or tokens.is_floating_point() or tokens.shape[1] < 1:
+            raise ValueError(f"tokens must be integer ids (batch, L >= 1), got {tuple(tokens.shape)} "
+                             f"{tokens.dtype}")
+        x, state = self.embed(tokens), []
+        for layer in self.layers:
+            x, layer_state = layer.prefill(x)
+            state.append(layer_state)
+        return self.head(self.norm(x[:, -1])), state
 
     def state_bytes(self, context_len: int, bytes_per_value: int = 4) -> int:
         """Bytes of generation state per sequence after ``context_len`` tokens (all layers)."""

@@ -99,6 +99,12 @@ class CausalAttention(nn.Module):
         q, k, v, _ = self._qkv(x, 0, None)
         return self.attn.out_proj(merge_heads(fused_attention(q, k, v, is_causal=True)))
 
+    def forward_with_state(self, x: Tensor) -> tuple[Tensor, KVState]:
+        """The whole sequence at once and its KV cache (with the convolution's window): a prefill."""
+        q, k, v, window = self._qkv(x, 0, None)
+        out = fused_attention(q, k, v, is_causal=True)
+        return self.attn.out_proj(merge_heads(out)), KVState(k, v, window)
+
     def step(self, x_t: Tensor, state: KVState | None = None) -> tuple[Tensor, KVState]:
         _check_step_input(x_t, self.d_model)
         position = 0 if state is None else state.keys.shape[2]
