@@ -18,10 +18,7 @@ from tfm_course.models.bert import BertForPreTraining
 from tfm_course.results import available
 
 ROOT = Path(__file__).resolve().parent.parent
-# Made before stored runs carried full provenance (commit, corpus, CPU seconds); each names its
-# command and machine and has its own test in test_results.py.
-LEGACY = {"bench_recall_cpu", "bench_recall_cpu_64"}
-RUNS = [name for name in available() if name not in LEGACY]
+RUNS = available()
 PRETRAINING = [name for name in RUNS if name.startswith("bert_mlm_")]
 
 

@@ -1,7 +1,7 @@
 """Benchmark results measured once by a tool and stored with the package, so that a chapter can
 plot a run that is too long to repeat every time the book is built.
 
-    report = load_result("bench_recall_cpu")   # the JSON written by tools/runs/bench_recall.py
+    report = load_result("bench_recall_fair_cpu")   # the JSON written by tools/runs/bench_recall.py
 
 Each file is the tool's own output, unchanged: it names the command that produced it and the
 machine it ran on, and the chapter that shows it prints both on the figure.
@@ -21,7 +21,7 @@ def available() -> list[str]:
 
 
 def load_result(name: str) -> dict:
-    """The stored result ``name`` (e.g. ``"bench_recall_cpu"``) as a dict."""
+    """The stored result ``name`` (e.g. ``"bench_recall_fair_cpu"``) as a dict."""
     if name not in available():
         raise ValueError(f"no stored result {name!r}; available: {available()}")
     return json.loads(resources.files(__name__).joinpath(f"{name}.json").read_text())
