@@ -210,11 +210,8 @@ def test_tied_embeddings_share_one_matrix_and_keep_step_equal_to_forward(mixer):
     assert untied.embed.weight.std().item() > 0.5
     tokens = _tokens(length=20)
     with torch.no_grad():
-        full, state, outs = tied(tokens), None, []
-        for token in tokens.unbind(1):
-            logits, state = tied.step(token, state)
-            outs.append(logits)
-    torch.testing.assert_close(torch.stack(outs, 1), full, atol=2e-5, rtol=1e-4)
+        full, (stepped, _) = tied(tokens), step_through(tied, tokens)
+    torch.testing.assert_close(stepped, full, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -223,12 +220,9 @@ def test_prefill_then_steps_continue_the_forward_pass(mixer):
     with torch.no_grad():
         full = model(tokens)
         last, state = model.prefill(tokens[:, :30])  # the parallel forms where a mixer has them
-        outs = []
-        for token in tokens[:, 30:].unbind(1):
-            logits, state = model.step(token, state)
-            outs.append(logits)
+        rest, _ = step_through(model, tokens[:, 30:], state)
     torch.testing.assert_close(last, full[:, 29], atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(torch.stack(outs, 1), full[:, 30:], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(rest, full[:, 30:], atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mixer,conv", [("attention", None), ("attention", 4), ("retnet", None),
@@ -240,10 +234,7 @@ def test_parallel_prefill_state_equals_the_step_loops_state(mixer, conv, length)
     mixer_module = model.layers[0].mixer
     assert hasattr(mixer_module, "forward_with_state")  # this prefill is not a step loop
     with torch.no_grad():
-        _, fast = model.prefill(tokens)
-        slow = None
-        for token in tokens.unbind(1):
-            _, slow = model.step(token, slow)
+        (_, fast), (_, slow) = model.prefill(tokens), step_through(model, tokens)
     for a, b in zip(fast, slow):  # per layer: the same tensors (positions as ints)
         for x, y in zip(a, b):
             if isinstance(x, torch.Tensor):
