@@ -150,10 +150,14 @@ def _gpt_sweep_is_well_formed(run, budgets, seeds):
             at_best = sorted(r["seed"] for r in mine if r["lr"] == best)
             assert at_best == sorted(seeds)  # every seed at the chosen rate
             assert all(r["steps"] == run["settings"]["steps_per_budget"][str(b)][name] for r in mine)
-    for name in gpt_recipe.TOKENIZERS:
-        state = stored_runs.load_checkpoint(run, name, Path(run["_folder"]) if "_folder" in run else None)
+    small = min(budgets)
+    assert sorted(run["settings"]["checkpoint_runs"]) == sorted([*gpt_recipe.TOKENIZERS, f"BPE-{small}"])
+    for key, where in run["settings"]["checkpoint_runs"].items():
+        state = stored_runs.load_checkpoint(run, key, Path(run["_folder"]) if "_folder" in run else None)
         model = gpt_recipe.make_model(state["tok_embed.weight"].shape[0])
         model.load_state_dict({k: v.float() for k, v in state.items()})
+        assert where["budget"] == (small if key.endswith(f"-{small}") else max(budgets))
+        assert 0 < where["whole_validation_bits_per_byte"] < 10
 
 
 def test_the_gpt_compute_sweep_is_complete_and_its_checkpoints_reproduce_it():
@@ -165,9 +169,10 @@ def test_the_gpt_compute_sweep_is_complete_and_its_checkpoints_reproduce_it():
     _gpt_sweep_is_well_formed(run, budgets, seeds)
     if not stored_runs.same_corpus(run):
         pytest.skip("this Python's standard library gives another corpus than the run's")
-    for name, where in run["settings"]["checkpoint_runs"].items():
+    for key, where in run["settings"]["checkpoint_runs"].items():
+        name = where["tokenizer"]
         model = gpt_recipe.make_model(gpt_recipe.lm_data(name).vocab_size)
-        model.load_state_dict({k: v.float() for k, v in stored_runs.load_checkpoint(run, name).items()})
+        model.load_state_dict({k: v.float() for k, v in stored_runs.load_checkpoint(run, key).items()})
         stored = next(r["bits_per_byte"] for r in run["records"] if r["tokenizer"] == name and
                       r["budget"] == where["budget"] and r["lr"] == where["lr"] and r["seed"] == where["seed"])
         # fp16 weights: within a hundredth of a bit of the fp32 model's score
@@ -175,7 +180,15 @@ def test_the_gpt_compute_sweep_is_complete_and_its_checkpoints_reproduce_it():
 
 
 def test_the_gpt_compute_sweep_tool_runs_in_smoke_mode(tmp_path):
-    path = _tool("gpt_compute_sweep").main(["--smoke", "--workers", "0", "--out-dir", str(tmp_path)])
+    tool = _tool("gpt_compute_sweep")
+    path = tool.main(["--smoke", "--workers", "0", "--out-dir", str(tmp_path)])
     run = json.loads(path.read_text())
     run["_folder"] = str(tmp_path)
     _gpt_sweep_is_well_formed(run, run["settings"]["budgets"], run["seeds"])
+    # --extend on a sweep that lacks the small checkpoint: retrains it, scores it, says who added it
+    del run["checkpoints"]["BPE-4"], run["settings"]["checkpoint_runs"]["BPE-4"], run["_folder"]
+    path.write_text(json.dumps(run))
+    extended = json.loads(tool.main(["--smoke", "--extend", "--out-dir", str(tmp_path)]).read_text())
+    extended["_folder"] = str(tmp_path)
+    _gpt_sweep_is_well_formed(extended, run["settings"]["budgets"], run["seeds"])
+    assert extended["addenda"][-1]["command"].endswith("--extend --out-dir " + str(tmp_path))
