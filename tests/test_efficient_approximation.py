@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from tfm_course.efficient.approximation import (fixed_subspace_error, linformer_error, uniform_error,
-                                                low_rank_error, performer_error, random_qkv,
-                                                relative_error, segment_mean_projection)
+                                                low_rank_error, performer_error, projection_errors,
+                                                random_qkv, relative_error, segment_mean_projection)
+from tfm_course.efficient.linformer import linformer_attention
 
 
 def test_random_qkv_has_the_requested_logit_scale_and_is_reproducible():
@@ -118,6 +119,7 @@ def test_segment_mean_projection_averages_consecutive_segments():
     (lambda: fixed_subspace_error(torch.ones(1, 3, 3), -1), "non-negative"),
     (lambda: low_rank_error(torch.ones(3, 3), [2, -1]), "non-negative"),
     (lambda: relative_error(torch.ones(2, 3), torch.ones(3, 2)), "shapes differ"),
+    (lambda: projection_errors(*random_qkv(8, 4, 1.0), segment_mean_projection(2, 6)), r"E \(k_proj, n\)"),
 ])
 def test_bad_inputs_raise(call, match):
     with pytest.raises(ValueError, match=match):
@@ -159,3 +161,22 @@ def test_uniform_attention_is_close_for_flat_logits_and_far_for_sharp_ones():
     # FAVOR+ with few features is worse than this baseline at a small logit scale
     assert performer_error(64, 0.25, True, draws=3).mean() > uniform_error(0.25, draws=3).mean()
 
+
+
+def test_projection_errors_score_the_linformer_layer_and_k_1_is_uniform_attention():
+    q, k, v = random_qkv(32, 8, 1.0, draws=3, dtype=torch.float64)
+    E = segment_mean_projection(4, 32, torch.float64)
+    errors = projection_errors(q, k, v, E)
+    exact = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), -1)
+    layer = linformer_attention(q[:, None], k[:, None], v[:, None], E)[:, 0]  # the package's layer
+    torch.testing.assert_close(errors["output"], relative_error(layer, exact @ v))
+    assert errors["matrix"].shape == (3,) and bool((errors["matrix"] >= low_rank_error(exact, 4) - 1e-12).all())
+    # one segment: every query averages all values, uniform attention, whatever q and k are
+    one = projection_errors(q, k, v, segment_mean_projection(1, 32, torch.float64))
+    torch.testing.assert_close(one["matrix"], relative_error(torch.full_like(exact, 1 / 32), exact))
+    torch.testing.assert_close(one["output"], relative_error(v.mean(-2, keepdim=True).expand_as(v), exact @ v))
+    # k = n with the identity: exact; a separate F is used for the values
+    exact_at_n = projection_errors(q, k, v, torch.eye(32, dtype=torch.float64))
+    assert float(max(exact_at_n["matrix"].max(), exact_at_n["output"].max())) < 1e-12
+    assert not torch.allclose(projection_errors(q, k, v, E, F=segment_mean_projection(4, 32, torch.float64).flip(0))
+                              ["output"], errors["output"])

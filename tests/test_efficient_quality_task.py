@@ -146,6 +146,16 @@ def test_attention_weights_are_the_softmax_rows_the_forward_pass_uses():
     with pytest.raises(ValueError, match="never form the n × n weights"):
         RecallClassifier(12, 5, 30, "performer", d_model=16, num_heads=2).attention_weights(
             b.keys, b.values)
+    # the inputs of each layer's attention give back its weights, and its output before out_proj
+    for layer in (0, 1):
+        q, k, v = model.attention_inputs(b.keys, b.values, layer)
+        assert q.shape == k.shape == v.shape == (3, 2, 30, 8) and model.training
+        torch.testing.assert_close(torch.softmax(q @ k.transpose(-2, -1) / 8 ** 0.5, -1), w[:, layer],
+                                   atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"layer must be in \[0, 2\)"):
+        model.attention_inputs(b.keys, b.values, 2)
+    with pytest.raises(ValueError, match="needs softmax attention"):
+        RecallClassifier(12, 5, 30, "performer", d_model=16, num_heads=2).attention_inputs(b.keys, b.values)
 
 
 def _train_and_score(attention: str, steps: int, **options) -> float:

@@ -27,11 +27,10 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .linformer import linformer_attention
 from .performer import draw_projection, positive_random_features
 
 __all__ = ["random_qkv", "uniform_error", "performer_error", "linformer_error", "low_rank_error",
-           "fixed_subspace_error",
+           "fixed_subspace_error", "projection_errors",
            "segment_mean_projection", "relative_error", "trigonometric_random_features",
            "kernel_estimates"]
 
@@ -139,12 +138,25 @@ def linformer_error(k_proj: int, logit_std: float = 0.25, projection: str = "seg
             raise ValueError(f"k_proj must be positive, got {k_proj}")
         g = torch.Generator().manual_seed(seed + 1)
         E = (torch.randn(k_proj, n, generator=g, dtype=dtype) / math.sqrt(k_proj)).to(device)
-    if measure == "matrix":
-        p_bar = torch.softmax(q @ (E @ k).transpose(-2, -1) / math.sqrt(d), dim=-1)  # (draws, n, k)
-        return relative_error(p_bar @ E, _softmax_weights(q, k))
-    exact = _softmax_weights(q, k) @ v
-    approx = linformer_attention(q[:, None], k[:, None], v[:, None], E)[:, 0]  # one head
-    return relative_error(approx, exact)
+    return projection_errors(q, k, v, E)[measure]
+
+
+def projection_errors(q: Tensor, k: Tensor, v: Tensor, E: Tensor, F: Tensor | None = None) -> dict[str, Tensor]:
+    """Linformer with fixed projections ``E`` (keys) and ``F`` (values; default ``E``), each
+    ``(k_proj, n)``, against softmax attention on given ``q, k, v`` of shape ``(..., n, d)``.
+
+    Returns relative errors of shape ``(...)``: ``"matrix"``, Linformer's attention matrix ``P̄ F``
+    against the exact weights (bounded below by :func:`low_rank_error`), and ``"output"``,
+    ``P̄ (F V)`` against ``softmax(q kᵀ/√d) V``: what the layer passes on. Every output row is a
+    convex combination of the ``k_proj`` rows of ``F V``.
+    """
+    if q.shape[-2] != E.shape[-1] or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"need q, k (..., n, d), v (..., n, d_v) and E (k_proj, n); got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}, E {tuple(E.shape)}")
+    F = E if F is None else F
+    exact = _softmax_weights(q, k)
+    p_bar = torch.softmax(q @ (E @ k).transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)  # (..., n, k)
+    return {"matrix": relative_error(p_bar @ F, exact), "output": relative_error(p_bar @ (F @ v), exact @ v)}
 
 
 def _energies(a: Tensor) -> Tensor:

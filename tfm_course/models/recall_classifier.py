@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention
+from ..attention import MultiHeadAttention, split_heads
 from ..efficient.attention_layers import make_attention
 from ..layers import FeedForward, LayerNorm
 
@@ -97,3 +97,24 @@ class RecallClassifier(nn.Module):
             x = x + block.ffn(block.norm2(x))
         self.train(was_training)
         return torch.stack(weights, dim=1)
+
+    @torch.no_grad()
+    def attention_inputs(self, keys: Tensor, values: Tensor, layer: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        """The queries, keys and values that layer ``layer``'s softmax attention receives, each
+        ``(batch, heads, n, d_head)``: ``softmax(q kᵀ / √d_head)`` is that layer's
+        :meth:`attention_weights`, and its output before ``out_proj`` is those weights times v.
+        Lets an approximation (a Linformer projection, say) be scored on a trained model's inputs."""
+        if not 0 <= layer < len(self.blocks):
+            raise ValueError(f"layer must be in [0, {len(self.blocks)}), got {layer}")
+        if not isinstance(self.blocks[layer].attn, MultiHeadAttention):
+            raise ValueError("attention_inputs needs softmax attention (attention='softmax' or "
+                             "'softmax-naive')")
+        was_training = self.training
+        self.eval()
+        x = self._embed(keys, values)
+        for block in self.blocks[:layer]:
+            x = block(x)
+        attn, h = self.blocks[layer].attn, self.blocks[layer].norm1(x)
+        qkv = tuple(split_heads(proj(h), attn.num_heads) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        self.train(was_training)
+        return qkv
