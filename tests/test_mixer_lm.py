@@ -226,7 +226,9 @@ def test_prefill_then_steps_continue_the_forward_pass(mixer):
 
 
 @pytest.mark.parametrize("mixer,conv", [("attention", None), ("attention", 4), ("retnet", None),
-                                        ("retnet", 4), ("mamba", None)])
+                                        ("retnet", 4), ("mamba", None), ("mamba2", None),
+                                        ("performer", None), ("performer", 4), ("deltanet", 4),
+                                        ("gated_deltanet", 4)])
 @pytest.mark.parametrize("length", [1, 2, 9])
 def test_parallel_prefill_state_equals_the_step_loops_state(mixer, conv, length):
     model = _model(mixer, short_conv=conv) if conv else _model(mixer)

@@ -85,6 +85,21 @@ class CausalPerformer(PerformerAttention):
         out = favor_attention(q, k, v, self.num_features, causal=True, projection=self.projection)
         return self.out_proj(merge_heads(out))
 
+    def forward_with_state(self, x: Tensor) -> tuple[Tensor, PerformerState]:
+        """``forward`` and the running sums after the sequence, the state :meth:`step` would carry:
+        Σ φ(k_j) v_jᵀ and Σ φ(k_j) relative to the largest key log-feature of the sequence (the
+        running maximum's final value), in one parallel pass: a prompt's prefill."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (batch, n, d_model={self.d_model}), got {tuple(x.shape)}")
+        q, k, v, window = self._qkv(x, 0)
+        out = favor_attention(q, k, v, self.num_features, causal=True, projection=self.projection)
+        log_k = self._log_features(k.float())  # (b, h, n, m)
+        shift = log_k.amax(dim=(-2, -1), keepdim=True)  # (b, h, 1, 1)
+        phi_k = torch.exp(log_k - shift)
+        state = PerformerState(phi_k.transpose(-2, -1) @ v.float(), phi_k.sum(-2, keepdim=True), shift,
+                               x.shape[1], window)
+        return self.out_proj(merge_heads(out)), state
+
     def _log_features(self, x: Tensor) -> Tensor:
         """log φ(x) up to a constant, ω·x' − ‖x'‖²/2 with x' = x · d^(−1/4): ``(..., d) → (..., m)``.
         """

@@ -220,12 +220,19 @@ class DeltaNetMixer(nn.Module):
         return self.o_norm(out.to(torch.promote_types(out.dtype, torch.float32))).to(dtype)
 
     def forward(self, x: Tensor, mode: str = "chunkwise", chunk_size: int | None = None) -> Tensor:
+        return self.forward_with_state(x, mode, chunk_size)[0]
+
+    def forward_with_state(self, x: Tensor, mode: str = "chunkwise", chunk_size: int | None = None
+                           ) -> tuple[Tensor, DeltaNetState]:
+        """``forward`` and the state after the sequence, the one :meth:`step` would carry (the
+        final S of the chunkwise form and the conv's window): a prompt's prefill in one pass."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (batch, L, d_model={self.d_model}), got {tuple(x.shape)}")
-        *inputs, _ = self._inputs(x)
+        *inputs, window = self._inputs(x)
         q, k, v, beta, log_alpha = (None if t is None else t.transpose(1, 2) for t in inputs)
-        out, _ = delta_rule(q, k, v, beta, log_alpha, mode, chunk_size or self.chunk_size)
-        return self.o_proj(self._norm(out.transpose(1, 2), x.dtype).flatten(2))  # (b, L, h·d_head)
+        out, memory = delta_rule(q, k, v, beta, log_alpha, mode, chunk_size or self.chunk_size)
+        out = self.o_proj(self._norm(out.transpose(1, 2), x.dtype).flatten(2))  # (b, L, h·d_head)
+        return out, DeltaNetState(memory, window)
 
     def step(self, x_t: Tensor, state: DeltaNetState | None = None) -> tuple[Tensor, DeltaNetState]:
         """One token ``(batch, d_model)`` → ``(y_t (batch, d_model), new state)``: O(1) work."""

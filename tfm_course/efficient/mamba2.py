@@ -207,18 +207,25 @@ class Mamba2Mixer(nn.Module):
         return xbc.split([self.d_inner, self.d_state, self.d_state], dim=-1)
 
     def forward(self, u: Tensor, mode: str = "chunked", chunk_size: int | None = None) -> Tensor:
+        return self.forward_with_state(u, mode, chunk_size)[0]
+
+    def forward_with_state(self, u: Tensor, mode: str = "chunked", chunk_size: int | None = None
+                           ) -> tuple[Tensor, Mamba2State]:
+        """``forward`` and the state after the sequence, the one :meth:`step` would carry (the
+        conv's window and the SSD's final S): a prompt's prefill in one parallel pass."""
         if u.dim() != 3 or u.shape[-1] != self.d_model:
             raise ValueError(f"input must be (batch, L, d_model={self.d_model}), got {tuple(u.shape)}")
         b, length, _ = u.shape
         z, xbc, dt = self._split(self.in_proj(u))
-        x, B, C = self._ssm_inputs(self.conv(xbc)[0])
+        xbc, window = self.conv(xbc)
+        x, B, C = self._ssm_inputs(xbc)
         x = x.view(b, length, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, L, p)
         dt = F.softplus(dt + self.dt_bias).transpose(1, 2)  # (b, h, L)
         B, C = (t[:, None].expand(b, self.num_heads, length, self.d_state) for t in (B, C))
-        y, _ = ssd(x, dt, -torch.exp(self.A_log), B, C, self.D, mode,
-                   chunk_size or self.chunk_size)
+        y, ssm = ssd(x, dt, -torch.exp(self.A_log), B, C, self.D, mode,
+                     chunk_size or self.chunk_size)
         y = y.transpose(1, 2).reshape(b, length, self.d_inner)
-        return self.out_proj(self._gated_norm(y, z))
+        return self.out_proj(self._gated_norm(y, z)), Mamba2State(window, ssm)
 
     def _gated_norm(self, y: Tensor, z: Tensor) -> Tensor:
         """RMSNorm(y ⊙ SiLU(z)), computed in float32 (fp64 stays) like mamba_ssm's."""

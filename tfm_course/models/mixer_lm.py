@@ -167,8 +167,8 @@ class MixerLM(nn.Module):
 
     @torch.no_grad()
     def prefill(self, tokens: Tensor) -> tuple[Tensor, list[Any]]:
-        """A prompt ``tokens`` ``(batch, L)``, layer by layer (:meth:`MixerLayer.prefill`: the
-        parallel forms of attention, RetNet and Mamba, a step loop for the others); returns the
+        """A prompt ``tokens`` ``(batch, L)``, layer by layer (:meth:`MixerLayer.prefill`: every
+        mixer kind's parallel or chunked form, ``forward_with_state``); returns the
         last position's logits and the state :meth:`step` continues from."""
         if tokens.dim() != 2 or tokens.is_floating_point() or tokens.shape[1] < 1:
             raise ValueError(f"tokens must be integer ids (batch, L >= 1), got {tuple(tokens.shape)} "
