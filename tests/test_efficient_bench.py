@@ -198,3 +198,28 @@ def test_the_learning_rate_sweep_tool_runs_in_smoke_mode_and_the_stored_sweep_is
         chosen = {kind: max(settings["lrs"], key=lambda lr: (dict(run["curves"][kind])[lr], -lr))
                   for kind in tool.ATTENTIONS}
         assert run["best_lr"] == chosen  # the best mean accuracy over the seeds
+
+
+def test_the_equal_time_tool_runs_in_smoke_mode_and_the_stored_run_is_complete(tmp_path):
+    spec = importlib.util.spec_from_file_location("equal_time_long", ROOT / "tools" / "runs" / "equal_time_long.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    path = tool.main(["--smoke", "--workers", "0", "--out-dir", str(tmp_path)])
+    for run in (stored_runs.load_run(path.stem, tmp_path), stored_runs.load_run("equal_time_long_cpu")):
+        settings, results = run["settings"], run["results"]
+        assert stored_runs.missing_fields(run) == []
+        ms, steps = settings["measured_step_ms"], settings["equal_time_steps"]
+        assert steps["softmax"] == settings["softmax_steps"]
+        for kind in tool.ATTENTIONS:  # equal measured time: steps x ms per step within one step's time
+            assert abs(steps[kind] * ms[kind] - steps["softmax"] * ms["softmax"]) <= ms[kind] / 2 + 1e-9
+            mine = [r for r in results if r["attention"] == kind]
+            assert {r["steps"] for r in mine} == {steps[kind]}
+            seed0 = {r["lr"]: r["accuracy"] for r in mine if r["seed"] == run["seeds"][0]}
+            assert set(settings["lrs"]) <= set(seed0) and dict(run["curves"][kind]) == seed0
+            best = run["best_lr"][kind]
+            assert best == max(seed0, key=lambda lr: (seed0[lr], -lr))
+            extended = len(seed0) - len(settings["lrs"])  # rates tried beyond the grid's ends
+            assert 0 <= extended <= tool.MAX_EXTENSIONS
+            if extended < tool.MAX_EXTENSIONS:  # the search stopped because the best is inside
+                assert min(seed0) < best < max(seed0)
+            assert sorted(r["seed"] for r in mine if r["lr"] == run["best_lr"][kind]) == run["seeds"]

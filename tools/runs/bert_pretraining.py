@@ -4,6 +4,7 @@
     python tools/runs/bert_pretraining.py --run long --seeds 0 1   # 3,000 steps, two seeds
     python tools/runs/bert_pretraining.py --run all_mask           # 3,000 steps, always [MASK]
     python tools/runs/bert_pretraining.py --run all_mask --lr 1e-3 # the same at another peak rate
+    python tools/runs/bert_pretraining.py --run longer             # 15,000 steps, seed 0
     python tools/runs/bert_pretraining.py --run long --size gpu    # the GPU sizes, on a GPU
     python tools/runs/bert_pretraining.py --smoke --out-dir /tmp/x # seconds: what the tests run
 
@@ -29,7 +30,8 @@ from tfm_course.experiments import stored_runs
 
 # steps as multiples of the size's own ("short") run: 500 / 3,000 on the CPU, 6,000 / 36,000 on a GPU
 RUNS = {"short": dict(times=1, all_mask=False), "long": dict(times=6, all_mask=False),
-        "all_mask": dict(times=6, all_mask=True)}
+        "all_mask": dict(times=6, all_mask=True),
+        "longer": dict(times=30, all_mask=False)}  # 15,000 steps: past the two-sided bigram?
 
 
 def main(argv: list[str] | None = None) -> Path:
