@@ -193,11 +193,17 @@ def test_the_learning_rate_sweep_tool_runs_in_smoke_mode_and_the_stored_sweep_is
     for run in (stored_runs.load_run(path.stem, tmp_path), stored_runs.load_run("equal_steps_lr_cpu")):
         settings = run["settings"]
         assert stored_runs.missing_fields(run) == []
-        assert len(run["results"]) == len(tool.ATTENTIONS) * len(settings["lrs"]) * len(run["seeds"])
         assert {r["steps"] for r in run["results"]} == {settings["steps"]}  # equal steps, every run
-        chosen = {kind: max(settings["lrs"], key=lambda lr: (dict(run["curves"][kind])[lr], -lr))
-                  for kind in tool.ATTENTIONS}
-        assert run["best_lr"] == chosen  # the best mean accuracy over the seeds
+        for kind in tool.ATTENTIONS:
+            curve = dict(run["curves"][kind])  # mean accuracy per rate tried
+            assert set(settings["lrs"]) <= set(curve)
+            assert len([r for r in run["results"] if r["attention"] == kind]) == len(curve) * len(run["seeds"])
+            best = max(sorted(curve), key=lambda lr: curve[lr])  # the best mean over the seeds
+            assert run["best_lr"][kind] == best
+            extended = len(curve) - len(settings["lrs"])
+            assert 0 <= extended <= tool.MAX_EXTENSIONS
+            if extended < tool.MAX_EXTENSIONS:  # it stopped because the best is inside the range
+                assert min(curve) < best < max(curve)
 
 
 def test_the_equal_time_tool_runs_in_smoke_mode_and_the_stored_run_is_complete(tmp_path):
