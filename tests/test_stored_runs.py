@@ -121,7 +121,7 @@ def test_the_tools_run_in_smoke_mode(tmp_path):
     """Every stored-run tool, a few steps each, into a temporary folder."""
     pretraining, sweep = _tool("bert_pretraining"), _tool("bert_label_sweep")
     for args in (["--run", "short"], ["--run", "long", "--seeds", "0", "1"], ["--run", "all_mask"],
-                 ["--run", "all_mask", "--lr", "1e-3"]):
+                 ["--run", "all_mask", "--lr", "1e-3"], ["--run", "longer"]):
         pretraining.main([*args, "--smoke", "--out-dir", str(tmp_path)])
     path = sweep.main(["--smoke", "--workers", "0", "--seeds", "0", "--out-dir", str(tmp_path)])
     run = json.loads(path.read_text())

@@ -4,8 +4,8 @@
     python tools/runs/bert_label_sweep.py --smoke --out-dir /tmp/x   # seconds: what the tests run
 
 Starts: ``scratch`` (a random encoder), ``short`` (the page's 500-step checkpoint), ``long`` (3,000
-steps), and at a few label counts ``long, seed 1`` (the second pretraining seed) and ``always
-[MASK]`` (3,000 steps without the 80/10/10 rule) — read from the stored pretraining runs of
+steps), ``longer`` (15,000 steps, past the two-sided bigram), and at a few label counts ``long,
+seed 1`` (the second pretraining seed) and ``always [MASK]`` (3,000 steps without the 80/10/10 rule) — read from the stored pretraining runs of
 ``tools/runs/bert_pretraining.py``. For every start, label count N (stratified subsets of the
 training split) and seed (which sets the subset, the head's initialisation and the batch order),
 the encoder is fine-tuned at each learning rate of a grid; a rate is *chosen* per start and N by
@@ -35,8 +35,10 @@ GRID = [3e-4, 1e-3, 3e-3]
 LABELS = [16, 32, 64, 128, 256, 512, 1024, None]  # None: every training example
 STARTS = {"scratch": None, "short": ("bert_mlm_short", "seed0"), "long": ("bert_mlm_long", "seed0"),
           "long, seed 1": ("bert_mlm_long", "seed1"), "always [MASK]": ("bert_mlm_all_mask", "seed0"),
-          "always [MASK], lr 1e-3": ("bert_mlm_all_mask_lr0.001", "seed0")}
-FEW_LABELS = [32, 256, None]  # where the last two starts run
+          "always [MASK], lr 1e-3": ("bert_mlm_all_mask_lr0.001", "seed0"),
+          "longer": ("bert_mlm_longer", "seed0")}
+FEW_LABELS = [32, 256, None]  # where the other starts run
+FULL_STARTS = ("scratch", "short", "long", "longer")  # at every label count
 
 _STATE: dict = {}
 
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> Path:
     with (mp.get_context("spawn").Pool(args.workers, _init, init) if args.workers else _InProcess()) as pool:
         n_all = pool.apply(_n_all)
         counts = {n: (n_all if n is None else n) for n in labels}
-        plan = {(s, counts[n]) for s in args.starts for n in labels if s in ("scratch", "short", "long") or n in few}
+        plan = {(s, counts[n]) for s in args.starts for n in labels if s in FULL_STARTS or n in few}
         todo = {(s, n): list(GRID) for s, n in plan}
         records: list[dict] = []
         while todo:
