@@ -11,7 +11,7 @@ import torch
 
 from tfm_course.efficient.cases import attention_cases
 from tfm_course.experiments import stored_runs
-from tfm_course.experiments.equal_time import (QualityResult, best_rates, lr_sweep,
+from tfm_course.experiments.equal_time import (QualityResult, best_rates, lr_sweep, rate_beyond,
                                                quality_at_equal_steps, quality_at_equal_time,
                                                quality_table, train_for)
 from tfm_course.experiments.scaling import crossover_table, metric_table
@@ -183,6 +183,14 @@ def test_best_rates_takes_the_best_mean_over_seeds_and_the_smaller_rate_on_a_tie
     assert best_rates(sweep)["window"] == max(sweep, key=lambda r: (r.accuracy, -r.lr)).lr
     with pytest.raises(ValueError, match="at least one"):
         lr_sweep(["window"], [], 2, **SMALL)
+
+
+def test_rate_beyond_widens_only_past_a_winning_end():
+    assert rate_beyond([1e-3, 2e-3, 4e-3], 1e-3) == 5e-4
+    assert rate_beyond([1e-3, 2e-3, 4e-3], 4e-3) == 8e-3
+    assert rate_beyond([1e-3, 2e-3, 4e-3], 2e-3) is None
+    with pytest.raises(ValueError, match="not among the rates tried"):
+        rate_beyond([1e-3, 2e-3], 3e-3)
 
 
 def test_the_learning_rate_sweep_tool_runs_in_smoke_mode_and_the_stored_sweep_is_complete(tmp_path):

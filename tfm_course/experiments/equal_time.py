@@ -46,7 +46,7 @@ from ..train import train
 from .measure import time_fn
 
 __all__ = ["QualityResult", "recall_accuracy", "train_for", "quality_at_equal_steps",
-           "quality_at_equal_time", "lr_sweep", "best_rates", "TASK", "quality_table",
+           "quality_at_equal_time", "lr_sweep", "best_rates", "rate_beyond", "TASK", "quality_table",
            "flush_denormals"]
 
 # with length = n. Every key is a record's (num_keys = num_records) and lr = 6e-3: softmax
@@ -225,6 +225,16 @@ def best_rates(results: Sequence[QualityResult]) -> dict[str, float]:
         mean.setdefault(r.attention, {}).setdefault(r.lr, []).append(r.accuracy)
     return {kind: max(sorted(by_lr), key=lambda lr: sum(by_lr[lr]) / len(by_lr[lr]))
             for kind, by_lr in mean.items()}
+
+
+def rate_beyond(tried: Sequence[float], best: float) -> float | None:
+    """The next learning rate to try when ``best`` sits at an end of the rates ``tried``: half the
+    smallest, or twice the largest; None when it is inside (a grid widened only where it must be)."""
+    if best not in tried:
+        raise ValueError(f"best rate {best} is not among the rates tried {sorted(tried)}")
+    if best == min(tried):
+        return best / 2
+    return best * 2 if best == max(tried) else None
 
 
 def quality_table(results: Sequence[QualityResult]) -> str:

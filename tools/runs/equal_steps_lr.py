@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tfm_course.device import get_device
 from tfm_course.experiments import stored_runs
-from tfm_course.experiments.equal_time import best_rates, lr_sweep
+from tfm_course.experiments.equal_time import best_rates, lr_sweep, rate_beyond
 
 ATTENTIONS = ("softmax", "window", "linformer", "performer")
 MAX_EXTENSIONS = 2  # rates tried beyond a winning end of the grid, per method
@@ -77,10 +77,7 @@ def _tried(results, kind: str) -> list[float]:
 
 def _beyond(results, kind: str) -> float | None:
     """Half the smallest or twice the largest rate tried for ``kind`` when the best is there."""
-    tried, best = _tried(results, kind), best_rates([r for r in results if r.attention == kind])[kind]
-    if best == tried[0]:
-        return best / 2
-    return best * 2 if best == tried[-1] else None
+    return rate_beyond(_tried(results, kind), best_rates([r for r in results if r.attention == kind])[kind])
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from tfm_course.experiments import stored_runs
-from tfm_course.experiments.equal_time import train_for
+from tfm_course.experiments.equal_time import rate_beyond, train_for
 
 ATTENTIONS = ("softmax", "window", "linformer", "performer")
 MAX_EXTENSIONS = 2  # grid extensions beyond a winning end, per attention
@@ -114,11 +114,7 @@ def _best(results: list[dict], kind: str) -> float:
 def _beyond(results: list[dict], kind: str) -> float | None:
     """The next rate to try for ``kind``: half the smallest or twice the largest tried, when the
     best is there; None when the best is inside the tried range."""
-    tried = sorted(r["lr"] for r in results if r["attention"] == kind and r["seed"] == 0)
-    best = _best(results, kind)
-    if best == tried[0]:
-        return best / 2
-    return best * 2 if best == tried[-1] else None
+    return rate_beyond([r["lr"] for r in results if r["attention"] == kind and r["seed"] == 0], _best(results, kind))
 
 
 def _run_all(jobs: list[tuple], workers: int) -> list[dict]:
