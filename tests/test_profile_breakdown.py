@@ -36,7 +36,7 @@ def test_a_python_loop_of_tiny_operators_is_mostly_python():
         y = x
         for _ in range(50):
             y = y + 1  # a tiny operator ...
-            sum(range(2000))  # ... between lots of pure Python
+            sum(range(20_000))  # ... between lots of pure Python (~0.2 ms, so a busy machine cannot tip it)
         return y
 
     shares = profile_breakdown(loop, repeats=2)
