@@ -122,3 +122,17 @@ def test_describe_counts_cpu_threads_in_words():
         assert dev.describe("cpu") == "cpu (1 thread), fp32"
     threads = torch.get_num_threads()
     assert dev.describe("cpu") == f"cpu ({threads} thread{'s' if threads != 1 else ''}), fp32"
+
+
+@pytest.mark.parametrize("capability, dtype", [((7, 0), torch.float16), ((7, 5), torch.float16),
+                                               ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_dtype_for_capability_is_the_rule_autocast_dtype_applies(monkeypatch, capability, dtype):
+    assert dev.dtype_for_capability(*capability) is dtype
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert dev.autocast_dtype("cuda") is dev.dtype_for_capability(*capability)
+
+
+@pytest.mark.parametrize("bad", [(0, 0), (7.5, 0), (True, 0), (8, "0")])
+def test_dtype_for_capability_rejects_what_is_not_a_capability(bad):
+    with pytest.raises(ValueError, match="compute capability is two integers"):
+        dev.dtype_for_capability(*bad)

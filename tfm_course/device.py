@@ -56,7 +56,14 @@ def autocast_dtype(device: torch.device | str) -> torch.dtype | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    major, _minor = torch.cuda.get_device_capability(device)
+    return dtype_for_capability(*torch.cuda.get_device_capability(device))
+
+
+def dtype_for_capability(major: int, minor: int = 0) -> torch.dtype:
+    """The rule :func:`autocast_dtype` applies to a CUDA GPU of compute capability ``major.minor``:
+    bf16 from 8.0 (native bf16 tensor cores), fp16 below (a T4 is 7.5, a V100 7.0)."""
+    if isinstance(major, bool) or not isinstance(major, int) or not isinstance(minor, int) or major < 1:
+        raise ValueError(f"a compute capability is two integers such as (7, 5), got ({major!r}, {minor!r})")
     return torch.bfloat16 if major >= 8 else torch.float16
 
 
