@@ -176,6 +176,17 @@ def test_fine_tuning_and_baselines_train_on_the_same_examples(monkeypatch):
     assert seen_texts[1] != seen_texts[0]  # the seed draws the subset
 
 
+def test_baselines_can_score_a_subset_of_the_validation_examples():
+    task = toy_task()
+    rows = torch.arange(0, len(task.validation), 2)
+    part = T.kind_baselines(task, None, 0, len(WORDS), valid_rows=rows)
+    labels = task.validation.labels[rows]
+    want = max(int((labels == c).sum()) for c in (0, 1)) / len(rows)
+    assert part["majority"] == pytest.approx(want)
+    whole = T.kind_baselines(task, None, 0, len(WORDS))
+    assert set(part) == set(whole)
+
+
 def test_bad_input_raises():
     task, model = toy_task(), tiny_model()
     for n in (1, 0, 2.5):

@@ -238,11 +238,15 @@ def fine_tune_kind(model: T5, task: KindTask, n_labels: int | None, seed: int, s
                 "n_train": len(split), "loss": history.loss, "seconds": seconds}
 
 
-def kind_baselines(task: KindTask, n_labels: int | None, seed: int, vocab_size: int) -> dict[str, float]:
+def kind_baselines(task: KindTask, n_labels: int | None, seed: int, vocab_size: int,
+                   valid_rows: Tensor | None = None) -> dict[str, float]:
     """Validation accuracy of the majority label, the first-word rule and a bag-of-tokens logistic
     regression, trained on the same stratified subset as :func:`fine_tune_kind` with this seed.
-    ``vocab_size``: the tokenizer's (the bag counts the real input tokens, EOS included)."""
+    ``vocab_size``: the tokenizer's (the bag counts the real input tokens, EOS included).
+    ``valid_rows``: score only these validation examples (default: all)."""
     split, valid = task.train.take(_subset(task, n_labels, seed)), task.validation
+    if valid_rows is not None:
+        valid = valid.take(valid_rows)
 
     def bag(s: KindSplit) -> Tensor:
         real = s.inputs != task.specials.pad
