@@ -181,3 +181,16 @@ def test_the_script_runs_alone(tmp_path):
         assert run["max_abs_diff"] < 1e-6, mode  # one process: the reference's very computation
         assert run["memory_bytes"][0]["params"] == 4 * result["n_params"]
     assert result["modes"]["tp"]["max_abs_diff_output"] < 1e-6
+
+
+def test_nccl_only_with_a_gpu_for_every_local_process(monkeypatch):
+    from tfm_course.distributed.train import choose_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert choose_device(0, 1) == ("nccl", torch.device("cuda", 0))
+    assert choose_device(1, 2) == ("gloo", torch.device("cpu"))  # Colab: one GPU, two processes
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert choose_device(1, 2) == ("nccl", torch.device("cuda", 1))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert choose_device(0, 1) == ("gloo", torch.device("cpu"))

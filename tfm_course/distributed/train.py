@@ -69,13 +69,21 @@ class Context:
     backend: str
 
 
+def choose_device(local_rank: int = 0, local_ranks: int = 1) -> tuple[str, torch.device]:
+    """``("nccl", cuda:local_rank)`` where there is a GPU for every one of the ``local_ranks``
+    processes on this machine, else ``("gloo", cpu)`` (e.g. two processes on Colab's one GPU)."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks:
+        return "nccl", torch.device("cuda", local_rank)
+    return "gloo", torch.device("cpu")
+
+
 def setup() -> Context:
     """Join the group torchrun describes in the environment, or, started without torchrun, make a
-    one-process group on an in-memory store (no port, no network). ``nccl`` with one GPU per rank
-    (``cuda:LOCAL_RANK``) where CUDA is available, ``gloo`` on the CPU."""
-    cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    one-process group on an in-memory store (no port, no network), on the backend and device of
+    :func:`choose_device`."""
+    backend, device = choose_device(int(os.environ.get("LOCAL_RANK", 0)),
+                                    int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
