@@ -180,6 +180,16 @@ def doc_link(argument: str, source: Path) -> str:
     return f"[{text or page_title(page)}]({book_url()}{relative})"
 
 
+def term_link(argument: str) -> str:
+    """``{term}`text <Term>``` or ``{term}`text``` as a link to the term on the glossary page
+    (Sphinx's anchor for a glossary term: ``term-`` and the term, lower case, runs of other
+    characters as one hyphen)."""
+    match = re.fullmatch(r"(.*?)\s*<([^>]+)>", argument.strip())
+    text, target = (match.group(1), match.group(2)) if match else (argument.strip(), argument.strip())
+    anchor = "term-" + re.sub(r"[^a-z0-9]+", "-", target.lower()).strip("-")
+    return f"[{text}]({book_url()}book/glossary.html#{anchor})"
+
+
 # --------------------------------------------------------------------------- roles
 def _spans(line: str):
     """Split ``line`` into (text, is_role) pieces, left to right as MyST reads it: a role is
@@ -215,6 +225,8 @@ def convert_roles(line: str, source: Path, cited: list[str]) -> str:
             return cite(argument, textual=role == "footcite:t", source=source.name)
         if role == "doc":
             return doc_link(argument, source)
+        if role == "term":
+            return term_link(argument)
         raise ValueError(f"{source.name}: unsupported MyST role {{{role}}} in {line.strip()[:80]!r}")
     return "".join(ROLE.sub(replace, text) if is_role else text for text, is_role in _spans(line))
 
