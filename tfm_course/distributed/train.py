@@ -53,6 +53,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..models.gpt import GPT, GPTConfig
+from ..train import weight_decay_groups
 from .tensor_parallel import check_mlp
 
 MODES = ("ddp", "zero", "fsdp", "tp")
@@ -123,12 +124,9 @@ def build_model(args: argparse.Namespace, device: torch.device) -> GPT:
 
 
 def adamw(model: nn.Module, args: argparse.Namespace, zero: bool = False) -> torch.optim.Optimizer:
-    """AdamW with weight decay on the matrices only, as :func:`tfm_course.train.weight_decay_groups`
-    (not imported: ``tfm_course.train`` loads matplotlib, a second more to start every worker).
+    """AdamW with weight decay on the matrices only (:func:`tfm_course.train.weight_decay_groups`).
     ``zero``: sharded by ZeroRedundancyOptimizer, which builds one AdamW per rank on its share."""
-    params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = weight_decay_groups(model, args.weight_decay)
     if zero:
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, lr=args.lr)
     return torch.optim.AdamW(groups, lr=args.lr)

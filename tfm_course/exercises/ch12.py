@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..experiments.memory import saved_activation_bytes
 from ..models.gpt import GPT, Block, GPTConfig
 from ._checking import Failed, attempt, close, max_error, run_checks
 
@@ -153,22 +154,6 @@ def check_state_bytes(fn: Callable[[nn.Module, str], int]) -> bool:
 
 
 # --------------------------------------------------------------------------- checkpointing
-def _saved_bytes(fn: Callable[[], Tensor], params: list[nn.Parameter]) -> tuple[int, Tensor]:
-    """Bytes of the distinct non-parameter storages the autograd graph saves during ``fn()``."""
-    weights = {p.untyped_storage().data_ptr() for p in params}
-    seen: dict[int, int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in weights:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return sum(seen.values()), out
-
-
 def check_checkpointed_block(fn: Callable[[nn.Module, Tensor], Tensor]) -> bool:
     """``fn(block, x)``: chapter 8's GPT ``block`` applied to ``x (B, T, d)``, checkpointed: the
     same output and gradients as ``block(x)``, but the block's internal activations are not kept
@@ -180,12 +165,14 @@ def check_checkpointed_block(fn: Callable[[nn.Module, Tensor], Tensor]) -> bool:
         x = torch.randn(3, 16, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
         params = list(block.parameters())
         plain_x = x.clone().requires_grad_()
-        plain_saved, want = _saved_bytes(lambda: block(plain_x), params)
+        plain = saved_activation_bytes(lambda: block(plain_x))  # parameters are not counted
+        plain_saved, want = plain.total, plain.output
         want.square().sum().backward()
         want_grads = [plain_x.grad] + [p.grad.clone() for p in params]
         block.zero_grad()
         their_x = x.clone().requires_grad_()
-        saved, got = _saved_bytes(lambda: attempt(fn, block, their_x), params)
+        theirs = saved_activation_bytes(lambda: attempt(fn, block, their_x))
+        saved, got = theirs.total, theirs.output
         if not isinstance(got, Tensor) or got.shape != want.shape:
             raise Failed(f"return the block's output, a tensor of shape {tuple(want.shape)}")
         if not close(got, want, atol=1e-10, rtol=1e-8):
