@@ -13,7 +13,8 @@ import terms as T  # noqa: E402
 
 # pages whose every glossary term is linked at its first use; a page joins once it has been linked
 # (python tools/book/terms.py --link PAGE) and read over
-LINKED_PAGES = ["book/intro.md", "book/setup.md", "book/notation.md", "chapters/01-attention.md"]
+LINKED_PAGES = ["book/intro.md", "book/setup.md", "book/notation.md",
+                *sorted(f"chapters/{p.name}" for p in (ROOT / "chapters").glob("*.md"))]
 ALL_PAGES = sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("book/*.md"), *ROOT.glob("chapters/*.md")])
 ENTRIES = glossary.load()
 TERMS = glossary.terms(ENTRIES)
