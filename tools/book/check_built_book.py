@@ -2,6 +2,8 @@
 
 * every chapter page exists, and its Colab button opens the chapter's ``.ipynb``;
 * every chapter page shows at least ``MIN_FIGURES`` executed figures;
+* the same for the Chinese edition (``_build/html/zh_CN``), and its gates T6-T9
+  (``tools/book/check_zh_edition.py``);
 * no page loads a script or a style sheet from another host (MathJax included: it is served
   from ``_static/mathjax``, see ``tools/book/vendor_mathjax.py``), so the book works offline.
 
@@ -15,6 +17,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+import check_zh_edition  # noqa: E402
 MIN_FIGURES = 3
 SCRIPT = re.compile(r"<script\b[^>]*\bsrc=[\"']([^\"']+)[\"']", re.I)
 STYLESHEET = re.compile(r"<link\b[^>]*\brel=[\"']stylesheet[\"'][^>]*>", re.I)
@@ -57,7 +61,11 @@ def problems(html_dir: Path, chapters: list[Path]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     html_dir = Path(argv[0]) if argv else ROOT / "_build" / "html"
-    found = problems(html_dir, sorted((ROOT / "chapters").glob("*.md")))
+    chapters = sorted((ROOT / "chapters").glob("*.md"))
+    found = problems(html_dir, chapters)
+    # the Chinese edition: the same chapter checks, then its own gates (T6-T9)
+    found += [f"zh_CN: {p}" for p in problems(html_dir / "zh_CN", chapters)]
+    found += check_zh_edition.problems(html_dir)
     for line in found:
         print(line)
     pages = len(list(html_dir.rglob("*.html")))
