@@ -41,6 +41,57 @@ def use_style() -> None:
 
 use_style()
 
+# CJK fonts a reader's system may have (free ones first), and the PyPI package that ships one
+CJK_FONTS = ("Noto Sans CJK SC", "Source Han Sans SC", "WenQuanYi Zen Hei", "WenQuanYi Micro Hei",
+             "Droid Sans Fallback", "PingFang SC", "Microsoft YaHei")
+CJK_PACKAGE = "noto-cjk-sans-otc"
+
+
+def use_cjk_font() -> str | None:
+    """Let figures draw Chinese: put a CJK font in ``font.family`` after the default sans-serif one
+    (matplotlib falls back along that list per character, so Latin text is unchanged) and return
+    its name, or None when none is available (Chinese then draws as boxes; ``pip install
+    noto-cjk-sans-otc`` ships Noto Sans CJK, free under the SIL Open Font License)."""
+    from matplotlib import font_manager
+
+    try:  # the package's font, registered with matplotlib if it is installed
+        import noto_cjk_sans_otc
+
+        font_manager.fontManager.addfont(str(noto_cjk_sans_otc.FONT_PATH))
+    except ImportError:
+        pass
+    have = {f.name for f in font_manager.fontManager.ttflist}
+    name = next((f for f in CJK_FONTS if f in have), None)
+    if name is not None:
+        families = [f for f in _families() if f != name]
+        plt.rcParams["font.family"] = [*families[:1], name, *families[1:]]
+    return name
+
+
+def _families() -> list[str]:
+    """``font.family`` with each generic name ("sans-serif") replaced by its first installed font."""
+    from matplotlib import font_manager
+
+    out = []
+    for family in plt.rcParams["font.family"]:
+        for candidate in plt.rcParams.get(f"font.{family}", [family]):
+            try:
+                font_manager.findfont(font_manager.FontProperties(family=candidate), fallback_to_default=False)
+            except ValueError:  # not installed
+                continue
+            out.append(candidate)
+            break
+    return out
+
+
+def missing_glyphs(text: str) -> list[str]:
+    """The characters of ``text`` that no font of ``font.family`` can draw (they would show as boxes)."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    faces = [FT2Font(font_manager.findfont(font_manager.FontProperties(family=f))) for f in _families()]
+    return sorted({ch for ch in text if not ch.isspace() and not any(f.get_char_index(ord(ch)) for f in faces)})
+
 
 def _numpy(x: torch.Tensor | np.ndarray | Sequence) -> np.ndarray:
     if isinstance(x, torch.Tensor):
