@@ -3,6 +3,7 @@ shipped with the package; the tools that make them run (smoke mode)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import tomllib
@@ -192,3 +193,25 @@ def test_the_gpt_compute_sweep_tool_runs_in_smoke_mode(tmp_path):
     extended["_folder"] = str(tmp_path)
     _gpt_sweep_is_well_formed(extended, run["settings"]["budgets"], run["seeds"])
     assert extended["addenda"][-1]["command"].endswith("--extend --out-dir " + str(tmp_path))
+
+
+def test_the_decoder_ablation_tool_runs_in_smoke_mode(tmp_path):
+    tool = _tool("decoder_ablation")
+    run = json.loads(tool.main(["--smoke", "--workers", "0", "--out-dir", str(tmp_path)]).read_text())
+    assert not stored_runs.missing_fields(run)
+    arms = [row["arm"] for row in run["curves"]["summary"]]
+    assert arms == list(tool.ARMS)[:2] and all(row["runs"] == 2 for row in run["curves"]["summary"])
+    for row in run["curves"]["summary"]:
+        assert row["mean"] == pytest.approx(sum(row["scores"]) / 2)
+    costs = run["settings"]["costs"]
+    assert costs["RMSNorm"]["parameters"] == costs["GPT-2 (chapter 8)"]["parameters"]  # no biases: same count
+    assert set(run["settings"]["ngram_bits_per_byte"]) == {"1", "2", "3", "4"}
+
+
+def test_each_ablation_arm_changes_only_its_switches():
+    tool = _tool("decoder_ablation")
+    base = tool.config("GPT-2 (chapter 8)", 1024)
+    fields = [f.name for f in dataclasses.fields(base)]
+    for arm, switches in tool.ARMS.items():
+        changed = {f for f in fields if getattr(tool.config(arm, 1024), f) != getattr(base, f)}
+        assert changed == set(switches), (arm, changed)

@@ -147,18 +147,23 @@ class RotaryEmbedding(nn.Module):
     ``rotary(q, k, offset=0) -> (q, k)`` with q, k ``(batch, heads, seq, d_head)`` holding the same
     ``seq`` tokens at positions ``offset, offset + 1, ...`` (with a KV cache: rotate the new keys
     before appending them). Use :meth:`rotate` to rotate one tensor at its own positions. Angles
-    are computed in fp32 whatever the input dtype. ``MultiHeadAttention(rotary=...)`` calls
+    are computed in fp32 whatever the input dtype. ``scale`` > 1 rotates position ``p`` as
+    ``p / scale`` (linear position interpolation, Hugging Face's ``rope_type="linear"``).
+    ``MultiHeadAttention(rotary=...)`` calls
     ``rotary(q, k)`` without an offset (whole sequences from position 0), and
     :class:`~tfm_course.decoding.KVCache` does not support rotary attention yet.
     """
 
-    def __init__(self, d_head: int, base: float = 10000.0) -> None:
+    def __init__(self, d_head: int, base: float = 10000.0, scale: float = 1.0) -> None:
         super().__init__()
         _positive(d_head=d_head)
         if d_head % 2:
             raise ValueError(f"d_head must be even (features are rotated in pairs), got {d_head}")
-        self.d_head, self.base = d_head, base
-        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float32) / d_head)
+        if not scale > 0:
+            raise ValueError(f"scale must be positive, got {scale}")
+        self.d_head, self.base, self.scale = d_head, base, scale
+        # scale > 1: position interpolation (Chen et al., 2023), position p rotated as p / scale
+        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float32) / d_head) / scale
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # θ_i, (d_head/2,)
 
     def cos_sin(self, seq: int, offset: int = 0) -> tuple[Tensor, Tensor]:

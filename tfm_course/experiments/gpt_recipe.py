@@ -180,18 +180,20 @@ def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
 
 def train_lm(data: LMData, steps: int, lr: float, seed: int = 0, recipe: dict[str, Any] = RECIPE,
              device: torch.device | str = "cpu", evaluations: int = 10, progress: bool = True,
-             stop_after: int | None = None) -> tuple[GPT, History, list[float]]:
+             stop_after: int | None = None, make=None) -> tuple[GPT, History, list[float]]:
     """Train a fresh model on random windows of the training tokens with the recipe; evaluate the
     validation bits per byte ``evaluations`` times (evenly, the last at the end). Returns the model,
     its history (metric ``"validation bits per byte"``) and the training loss in bits per byte, step
     by step. The batches depend only on ``seed``.
 
     ``stop_after=n`` stops at the first evaluation after ``n`` steps: the start of the ``steps``-step
-    run (same schedule, same batches), which is how a page replays the beginning of a stored run."""
+    run (same schedule, same batches), which is how a page replays the beginning of a stored run.
+    ``make(vocab_size, seed)`` builds another model to train with the same recipe (chapter 13's
+    decoders; it seeds its own initialisation); default :func:`make_model`."""
     if steps <= 0 or lr <= 0:
         raise ValueError(f"need steps > 0 and lr > 0, got steps={steps}, lr={lr}")
     B, T = recipe["batch"], recipe["block"]
-    model = make_model(data.vocab_size, recipe, seed, device)
+    model = make_model(data.vocab_size, recipe, seed, device) if make is None else make(data.vocab_size, seed).to(device)
     g = torch.Generator().manual_seed(seed)
     batch_bytes: list[int] = []
 
