@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tfm_course.models.gpt import GPT, GPTConfig
-from tfm_course.models.llama import KVCache, Llama, LlamaConfig, swiglu_width
+from tfm_course.models.llama import ConcatCache, KVCache, Llama, LlamaConfig, swiglu_width
 from tfm_course.models.llama_hf import config_from_hf, hf_name
 from tfm_course.positional import RotaryEmbedding
 
@@ -67,6 +67,18 @@ def test_cached_decoding_equals_the_full_forward(preset, n_kv_heads):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
     assert cache.length == 15
     assert cache.nbytes() == 15 * 2 * model.kv_cache_bytes_per_token(bytes_per_value=4)
+
+
+def test_the_concatenating_cache_gives_the_same_logits():
+    torch.manual_seed(4)
+    model = Llama(LlamaConfig.llama(**SIZES, n_kv_heads=2)).eval()
+    x = ids(seq=10)
+    caches = [model.new_cache(2), model.new_cache(2, kind=ConcatCache)]
+    for cache in caches:
+        cache.out = torch.cat([model(x[:, :4], cache=cache)[0]] +
+                              [model(x[:, t:t + 1], cache=cache)[0] for t in range(4, 10)], dim=1)
+    torch.testing.assert_close(caches[0].out, caches[1].out, rtol=0, atol=1e-6)
+    assert caches[0].nbytes() == caches[1].nbytes()
 
 
 def test_grouped_heads_share_their_keys_and_values():

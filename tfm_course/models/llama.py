@@ -38,7 +38,7 @@ from ..positional import RotaryEmbedding
 from .gpt import IGNORE_INDEX, TanhGELUFeedForward
 from .transformer import check_ids_in_range
 
-__all__ = ["LlamaConfig", "Llama", "KVCache", "swiglu_width"]
+__all__ = ["LlamaConfig", "Llama", "KVCache", "ConcatCache", "swiglu_width"]
 
 
 def swiglu_width(d_model: int, multiple_of: int = 8) -> int:
@@ -152,6 +152,32 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes of the filled positions: 2 · layers · B · kv_heads · d_head · length · element size."""
         return 2 * self.k[:, :, :, : self.length].numel() * self.k.element_size()
+
+
+class ConcatCache(KVCache):
+    """Chapter 8's way, for comparison: each step concatenates the new keys and values onto a
+    copy of the old ones (``torch.cat``), so a step costs a copy of the whole cache."""
+
+    def __init__(self, config: LlamaConfig, batch: int, max_len: int | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
+        self.max_len = max_len or config.max_len
+        self.kv: list[tuple[Tensor, Tensor] | None] = [None] * config.n_layers
+        self.length = 0
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.length + k.shape[2] > self.max_len:
+            raise ValueError(f"the cache holds {self.max_len} positions; {self.length + k.shape[2]} requested")
+        past = self.kv[layer]
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        self.kv[layer] = (k, v)
+        return k, v
+
+    def reorder(self, index: Tensor) -> None:
+        self.kv = [None if kv is None else (kv[0][index], kv[1][index]) for kv in self.kv]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for kv in self.kv if kv is not None for t in kv)
 
 
 class Attention(nn.Module):
@@ -278,9 +304,10 @@ class Llama(nn.Module):
         model.load_state_dict(state)
         return model.to(next(gpt.parameters()).device)
 
-    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+    def new_cache(self, batch: int, max_len: int | None = None, kind: type[KVCache] = KVCache) -> KVCache:
+        """An empty cache (preallocated; ``kind=ConcatCache``: chapter 8's concatenating one)."""
         weight = self.tok_embed.weight
-        return KVCache(self.config, batch, max_len, device=weight.device, dtype=weight.dtype)
+        return kind(self.config, batch, max_len, device=weight.device, dtype=weight.dtype)
 
     def stepper(self, batch: int, max_len: int | None = None) -> "_Stepper":
         """The decoding interface of :mod:`tfm_course.decoding`, over a preallocated cache."""

@@ -2,6 +2,7 @@
 
     python tools/runs/decoder_ablation.py                     # the CPU ablation, two worker processes
     python tools/runs/decoder_ablation.py --smoke --workers 0 --out-dir /tmp/x   # seconds: the tests
+    python tools/runs/decoder_ablation.py --device cuda --workers 0 --steps 4000  # the same sizes, longer
 
 Every arm is :class:`tfm_course.models.llama.Llama` trained with chapter 8's recipe
 (:mod:`tfm_course.experiments.gpt_recipe`: nanoGPT's CPU configuration, BPE tokens, the same
@@ -77,11 +78,11 @@ def costs(arm: str, vocab_size: int, recipe: dict = R.RECIPE) -> dict:
     return {"parameters": params, "flops_per_token": counter.get_total_flops() // recipe["block"]}
 
 
-def run_one(arm: str, steps: int, lr: float, seed: int, evaluations: int) -> dict:
+def run_one(arm: str, steps: int, lr: float, seed: int, evaluations: int, device: str = "cpu") -> dict:
     torch.set_num_threads(1)
     cpu = time.process_time()
     _, history, _ = R.train_lm(R.lm_data("BPE"), steps, lr, seed, evaluations=evaluations, progress=False,
-                               make=make(arm))
+                               make=make(arm), device=device)
     return {"arm": arm, "steps": steps, "lr": lr, "seed": seed,
             "bits_per_byte": history.last("validation bits per byte"),
             "valid": [[s + 1, v] for s, v in history.metrics["validation bits per byte"]],
@@ -108,16 +109,20 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--workers", type=int, default=2, help="processes (0: in this process)")
     parser.add_argument("--smoke", action="store_true", help="four steps, two arms, to check the tool runs")
     parser.add_argument("--out-dir", type=Path, default=None, help="default: tfm_course/results")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per run (default: the BPE steps of nanoGPT's 2,000 character steps)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (one run at a time: --workers 0)")
     args = parser.parse_args(argv)
     arms = list(ARMS)[:2] if args.smoke else list(ARMS)
     seeds, evaluations = ((0, 1), 2) if args.smoke else (SEEDS, 10)
-    steps = 4 if args.smoke else R.equal_compute_steps(2000)["BPE"]
-    name = "decoder_ablation_cpu" + ("_smoke" if args.smoke else "")
+    steps = 4 if args.smoke else args.steps or R.equal_compute_steps(2000)["BPE"]
+    size = "cpu" if args.device == "cpu" else "gpu"
+    name = f"decoder_ablation_{size}" + ("_smoke" if args.smoke else "")
     command = shlex.join(["python", "tools/runs/decoder_ablation.py", *(argv if argv is not None else sys.argv[1:])])
     out = args.out_dir or stored_runs.RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     data = R.lm_data("BPE")  # before forking: the workers share it
-    run = stored_runs.new_run(name, command, list(seeds), "cpu", recipe=R.RECIPE, arms=ARMS, ladder=list(LADDER),
+    run = stored_runs.new_run(name, command, list(seeds), args.device, recipe=R.RECIPE, arms=ARMS, ladder=list(LADDER),
                               steps=steps, costs={a: costs(a, data.vocab_size) for a in arms},
                               ngram_bits_per_byte={str(o): R.ngram_bits_per_byte(data, o) for o in (1, 2, 3, 4)})
     pool = cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("fork")) if args.workers else None
@@ -134,20 +139,20 @@ def main(argv: list[str] | None = None) -> Path:
                   f"({r['cpu_seconds']:.0f} s)", flush=True)
 
     ladder = LADDER[:1] if args.smoke else LADDER
-    batch([(a, steps, lr, seeds[0], evaluations) for a in arms for lr in ladder])
+    batch([(a, steps, lr, seeds[0], evaluations, args.device) for a in arms for lr in ladder])
     while not args.smoke:  # widen where seed 0's best rate sits at an end of what it tried
         jobs = []
         for row in summary(records, seeds):
             lo, hi = min(row["lrs_tried"]), max(row["lrs_tried"])
             if row["lr"] == lo and lo / 2 >= MIN_LR:
-                jobs.append((row["arm"], steps, lo / 2, seeds[0], evaluations))
+                jobs.append((row["arm"], steps, lo / 2, seeds[0], evaluations, args.device))
             elif row["lr"] == hi and hi * 2 <= MAX_LR:
-                jobs.append((row["arm"], steps, hi * 2, seeds[0], evaluations))
+                jobs.append((row["arm"], steps, hi * 2, seeds[0], evaluations, args.device))
         if not jobs:
             break
         batch(jobs)
     best = {row["arm"]: row["lr"] for row in summary(records, seeds)}
-    batch([(a, steps, best[a], s, evaluations) for a in arms for s in seeds[1:]])
+    batch([(a, steps, best[a], s, evaluations, args.device) for a in arms for s in seeds[1:]])
     if pool is not None:
         pool.shutdown()
     run["curves"] = {"records": records, "summary": summary(records, seeds)}
