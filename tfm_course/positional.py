@@ -150,8 +150,8 @@ class RotaryEmbedding(nn.Module):
     are computed in fp32 whatever the input dtype. ``scale`` > 1 rotates position ``p`` as
     ``p / scale`` (linear position interpolation, Hugging Face's ``rope_type="linear"``).
     ``MultiHeadAttention(rotary=...)`` calls
-    ``rotary(q, k)`` without an offset (whole sequences from position 0), and
-    :class:`~tfm_course.decoding.KVCache` does not support rotary attention yet.
+    ``rotary(q, k)`` without an offset (whole sequences from position 0); chapter 13's
+    :class:`~tfm_course.models.llama.Llama` passes the cache's length as the offset.
     """
 
     def __init__(self, d_head: int, base: float = 10000.0, scale: float = 1.0) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import dataclasses
+import json
 import multiprocessing as mp
 import shlex
 import statistics
@@ -126,15 +127,20 @@ def main(argv: list[str] | None = None) -> Path:
                               steps=steps, costs={a: costs(a, data.vocab_size) for a in arms},
                               ngram_bits_per_byte={str(o): R.ngram_bits_per_byte(data, o) for o in (1, 2, 3, 4)})
     pool = cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("fork")) if args.workers else None
-    records: list[dict] = []
+    # Finished runs are appended here as they end, so an interrupted ablation resumes where it stopped.
+    partial = out / f"{name}.partial.jsonl"
+    records: list[dict] = [json.loads(line) for line in partial.read_text().splitlines()] if partial.exists() else []
+    records = [r for r in records if r["steps"] == steps]
 
     def batch(jobs: list[tuple]) -> None:
-        if pool is None:
-            results = [run_one(*job) for job in jobs]
-        else:
-            results = [f.result() for f in [pool.submit(run_one, *job) for job in jobs]]
-        records.extend(results)
-        for r in results:
+        done = {(r["arm"], r["lr"], r["seed"]) for r in records}
+        jobs = [job for job in jobs if (job[0], job[2], job[3]) not in done]
+        futures = [None] * len(jobs) if pool is None else [pool.submit(run_one, *job) for job in jobs]
+        for job, future in zip(jobs, futures):
+            r = run_one(*job) if pool is None else future.result()
+            records.append(r)
+            with partial.open("a") as f:
+                f.write(json.dumps(r) + "\n")
             print(f"{r['arm']:>28} lr {r['lr']:.0e} seed {r['seed']}: {r['bits_per_byte']:.4f} bits/byte "
                   f"({r['cpu_seconds']:.0f} s)", flush=True)
 
@@ -162,6 +168,7 @@ def main(argv: list[str] | None = None) -> Path:
     stored_runs.finish_run(run)
     run["cpu_seconds"] += sum(r["cpu_seconds"] for r in records) if pool is not None else 0.0
     path = stored_runs.write_run(run, folder=out)
+    partial.unlink(missing_ok=True)
     print(f"wrote {path}")
     return path
 
