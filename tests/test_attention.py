@@ -215,6 +215,22 @@ def test_fused_is_causal_hands_the_kernel_no_mask(monkeypatch):
     assert calls[-1].get("attn_mask") is not None and not calls[-1].get("is_causal", False)
 
 
+@pytest.mark.parametrize("n_q, n_k, causal", [(5, 5, True), (2, 7, True), (3, 6, False)])
+def test_fused_grouped_query_heads_read_their_groups_kv(n_q, n_k, causal):
+    """enable_gqa: query head h reads K/V head h // group, as repeat_interleave arranges them
+    (Hugging Face's repeat_kv); a cache's n_q < n_k and a padding mask go through the same path."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, heads, n, 8, generator=g) for heads, n in ((6, n_q), (2, n_k), (2, n_k)))
+    mask = torch.rand(2, 1, n_q, n_k, generator=g) > 0.3
+    for m in (None, mask):
+        expected = fused_attention(q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), m, is_causal=causal)
+        torch.testing.assert_close(fused_attention(q, k, v, m, is_causal=causal, enable_gqa=True), expected)
+    wrong = fused_attention(q, k.repeat(1, 3, 1, 1), v.repeat(1, 3, 1, 1), is_causal=causal)  # head h reads h % 2
+    assert not torch.allclose(fused_attention(q, k, v, is_causal=causal, enable_gqa=True), wrong)
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        fused_attention(q, k[:, :1].expand(2, 4, n_k, 8), v[:, :1].expand(2, 4, n_k, 8), enable_gqa=True)
+
+
 def test_fused_attention_never_reads_a_tensor_on_the_host(monkeypatch):
     """No bool(row_ok.all()) or .item(): on a GPU each would make the CPU wait at every call."""
     q, k, v = qkv(2, 3)

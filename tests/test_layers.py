@@ -140,6 +140,17 @@ def test_rms_norm_formula():
     torch.testing.assert_close(RMSNorm(D, eps=0.0)(torch.full((D,), -3.0)), -torch.ones(D))
 
 
+def test_rms_norm_in_bf16_takes_its_mean_in_fp32():
+    """Hugging Face's rule: upcast, normalise, cast back, then the weight. The bf16 result is
+    then the fp32 one rounded once; the mean taken in bf16 is further off."""
+    x = (torch.randn(64, 512) * 4 + 2).to(torch.bfloat16)
+    norm = RMSNorm(512).to(torch.bfloat16)  # a model cast to bf16
+    exact = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + norm.eps)).to(torch.bfloat16)
+    assert norm(x).dtype == torch.bfloat16 and torch.equal(norm(x), exact)
+    in_bf16 = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+    assert not torch.equal(in_bf16, exact)
+
+
 @pytest.mark.skipif(not hasattr(nn, "RMSNorm"), reason="nn.RMSNorm needs PyTorch >= 2.4")
 @pytest.mark.parametrize("eps", [1e-6, None])
 def test_rms_norm_matches_pytorch(eps):

@@ -31,7 +31,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- validation
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, gqa: bool = False) -> None:
     if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
         raise ValueError(
             f"q, k, v need at least 2 dims (..., seq, d); got {tuple(q.shape)}, "
@@ -47,6 +47,12 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             f"k and v must have the same number of keys n_k: k is {tuple(k.shape)}, "
             f"v is {tuple(v.shape)}"
         )
+    if gqa:  # q (..., heads, n_q, d), k and v (..., kv_heads, n_k, d)
+        if q.dim() < 3 or k.shape[:-2] != v.shape[:-2] or q.shape[:-3] != k.shape[:-3] or q.shape[-3] % k.shape[-3]:
+            raise ValueError(f"enable_gqa needs q (..., heads, n_q, d) and k, v (..., kv_heads, n_k, d) with heads "
+                             f"a multiple of kv_heads; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                             f"v {tuple(v.shape)}")
+        return
     if q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
         return  # the usual case, checked without the cost of a broadcast
     try:
@@ -216,6 +222,7 @@ def fused_attention(
     dropout_p: float = 0.0,
     bias: Tensor | None = None,
     is_causal: bool = False,
+    enable_gqa: bool = False,
 ) -> Tensor:
     """The same maths through PyTorch's fused kernel ``F.scaled_dot_product_attention``.
 
@@ -230,10 +237,17 @@ def fused_attention(
     steps run unconditionally: asking whether any row is empty would make the CPU wait for the
     GPU. The ``bias`` is cast to the input dtype (the kernel takes its float mask in q's dtype),
     and masked keys get that dtype's most negative finite number in it.
+
+    ``enable_gqa=True`` (grouped-query attention, chapters 3 and 13): q ``(B, heads, n_q, d)``
+    with k, v ``(B, kv_heads, n_k, d)``; query head ``h`` reads K/V head ``h // (heads // kv_heads)``,
+    as ``k.repeat_interleave(heads // kv_heads, dim=1)`` would give, without that copy.
     """
-    _check_qkv(q, k, v)
+    _check_qkv(q, k, v, gqa=enable_gqa)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    lead = q.shape[:-2] if q.shape[:-2] == k.shape[:-2] else torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    if enable_gqa or q.shape[:-2] == k.shape[:-2]:
+        lead = q.shape[:-2]
+    else:
+        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     score_shape = lead + (n_q, n_k)
     if bias is not None:
         _check_bias(bias, score_shape)
@@ -242,14 +256,16 @@ def fused_attention(
         check_mask(mask, score_shape)
     if is_causal:
         if mask is None and bias is None and n_q == n_k:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
+                                                  enable_gqa=enable_gqa)
         mask = _with_causal(mask, n_q, n_k, q.device)
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, enable_gqa=enable_gqa)
     row_ok = mask.any(dim=-1, keepdim=True)  # (..., n_q, 1): False for a row with no key
     mask = mask | ~row_ok  # let empty rows attend everywhere; zeroed below
     attn_mask = mask if bias is None else bias.masked_fill(~mask, torch.finfo(q.dtype).min)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                         enable_gqa=enable_gqa)
     return out.masked_fill(~row_ok, 0.0)
 
 

@@ -47,7 +47,11 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x²) + eps) · weight (Zhang & Sennrich, 2019): no centring, no bias."""
+    """x / sqrt(mean(x²) + eps) · weight (Zhang & Sennrich, 2019): no centring, no bias.
+
+    The mean of squares is taken in fp32 whatever the input's dtype, and the result cast back
+    before the weight multiplies it, as Hugging Face's Llama does: in bf16 the sum of d squares
+    would keep only 8 bits of mantissa."""
 
     def __init__(self, d_model: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -57,7 +61,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.weight.shape[0]:
             raise ValueError(f"expected (..., {self.weight.shape[0]}), got {tuple(x.shape)}")
-        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
     @classmethod
     def from_torch(cls, m: nn.Module) -> "RMSNorm":

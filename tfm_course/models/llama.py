@@ -152,10 +152,10 @@ class Attention(nn.Module):
             q, k = self.rotary.rotate(q, offset), self.rotary.rotate(k, offset)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # every position so far
-        group = c.n_heads // c.kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         p = c.dropout if self.training else 0.0
-        out = fused_attention(q, k, v, dropout_p=p, is_causal=T > 1)  # one new query reads every key
+        # Query head h reads K/V head h // (n_heads // kv_heads), without copying K/V per query head.
+        out = fused_attention(q, k, v, dropout_p=p, is_causal=T > 1,  # one new query reads every key
+                              enable_gqa=c.kv_heads != c.n_heads)
         return self.o_proj(merge_heads(out))
 
 
