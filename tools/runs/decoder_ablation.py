@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import dataclasses
 import json
 import multiprocessing as mp
 import shlex
@@ -35,37 +34,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tfm_course.experiments import gpt_recipe as R
 from tfm_course.experiments import stored_runs
-from tfm_course.models.llama import Llama, LlamaConfig
+from tfm_course.experiments.decoder_arms import ARMS, config, make
+from tfm_course.models.llama import Llama
 
-ARMS = {
-    "GPT-2 (chapter 8)": {},
-    "RMSNorm": {"norm": "rms"},
-    "SwiGLU": {"ffn": "swiglu"},
-    "RoPE": {"positions": "rope"},
-    "GQA, 2 K/V heads": {"n_kv_heads": 2},
-    "biases": {"bias": True},
-    "QK-norm": {"qk_norm": True},
-    "untied output layer": {"tie": False},
-    "all (Qwen3's block)": {"norm": "rms", "ffn": "swiglu", "positions": "rope", "n_kv_heads": 2,
-                            "qk_norm": True, "tie": False},
-}
 LADDER = (1e-3, 2e-3, 4e-3)
 MIN_LR, MAX_LR = 2.5e-4, 1.6e-2
 SEEDS = (0, 1, 2)
-
-
-def config(arm: str, vocab_size: int, recipe: dict = R.RECIPE) -> LlamaConfig:
-    base = LlamaConfig.gpt2(vocab_size=vocab_size, d_model=recipe["d_model"], n_layers=recipe["n_layers"],
-                            n_heads=recipe["n_heads"], max_len=recipe["block"], bias=False,
-                            dropout=recipe["dropout"])
-    return dataclasses.replace(base, **ARMS[arm])
-
-
-def make(arm: str):
-    def build(vocab_size: int, seed: int) -> Llama:
-        torch.manual_seed(seed)
-        return Llama(config(arm, vocab_size))
-    return build
 
 
 def costs(arm: str, vocab_size: int, recipe: dict = R.RECIPE) -> dict:
