@@ -81,6 +81,25 @@ def test_the_concatenating_cache_gives_the_same_logits():
     assert caches[0].nbytes() == caches[1].nbytes()
 
 
+@pytest.mark.parametrize("kind", [KVCache, ConcatCache])
+def test_a_rewound_cache_decodes_as_if_the_forgotten_positions_never_came(kind):
+    torch.manual_seed(5)
+    model = Llama(LlamaConfig.llama(**SIZES, n_kv_heads=2)).eval()
+    x, other = ids(seq=10), ids(seq=10, seed=9)
+    with torch.no_grad():
+        cache = model.new_cache(2, kind=kind)
+        model(x[:, :6], cache=cache)
+        want = model(x[:, 6:], cache=cache)[0]
+        cache.rewind(6)
+        model(other[:, 6:], cache=cache)  # positions 6..9 overwritten, then forgotten again
+        cache.rewind(6)
+        c = model.config
+        assert cache.length == 6 and cache.nbytes() == 2 * c.n_layers * 2 * c.kv_heads * c.d_head * 6 * 4
+        torch.testing.assert_close(model(x[:, 6:], cache=cache)[0], want, rtol=0, atol=1e-6)
+        with pytest.raises(ValueError, match="between 0 and the 10 positions"):
+            cache.rewind(11)
+
+
 def test_grouped_heads_share_their_keys_and_values():
     torch.manual_seed(2)
     model = Llama(LlamaConfig.llama(**SIZES, n_kv_heads=2)).eval()

@@ -47,6 +47,13 @@ class KVCache:
         """Keep rows ``index`` of the batch (beam search)."""
         self.k, self.v = self.k[:, index], self.v[:, index]
 
+    def rewind(self, length: int) -> None:
+        """Forget every position from ``length`` on (a rejected draft, or to decode again from a
+        prompt's cache); the next update writes there."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length must be between 0 and the {self.length} positions cached, got {length}")
+        self.length = length
+
     def nbytes(self) -> int:
         """Bytes of the filled positions: 2 · layers · B · kv_heads · d_head · length · element size."""
         return 2 * self.k[:, :, :, : self.length].numel() * self.k.element_size()
@@ -73,6 +80,13 @@ class ConcatCache(KVCache):
 
     def reorder(self, index: Tensor) -> None:
         self.kv = [None if kv is None else (kv[0][index], kv[1][index]) for kv in self.kv]
+
+    def rewind(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length must be between 0 and the {self.length} positions cached, got {length}")
+        self.kv = [None if kv is None or length == 0 else (kv[0][:, :, :length], kv[1][:, :, :length])
+                   for kv in self.kv]
+        self.length = length
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for kv in self.kv if kv is not None for t in kv)
