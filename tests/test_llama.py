@@ -174,22 +174,3 @@ def test_config_from_hf_reads_a_config_json():
                         "vocab_size": 5, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
                         "intermediate_size": 8})
 
-
-def test_each_ablation_arm_changes_only_its_switches():
-    """Chapter 13's arms: every arm but the last differs from chapter 8's GPT in its own switches
-    only; the last switches on every change except biases (the base has none, as Qwen3)."""
-    import dataclasses
-
-    from tfm_course.experiments import decoder_arms as A
-
-    base = dataclasses.asdict(A.config(A.BASE, 1024))
-    assert base["bias"] is False and base["norm"] == "layer" and base["tie"] is True
-    changed = {}
-    for arm in A.ARMS:
-        mine = dataclasses.asdict(A.config(arm, 1024))
-        changed[arm] = {k for k in mine if mine[k] != base[k]}
-    for arm, switches in A.ARMS.items():
-        assert changed[arm] == set(switches), arm
-    assert changed[A.ALL] == set().union(*(changed[a] for a in A.ARMS if a not in (A.ALL, "biases")))
-    with pytest.raises(ValueError, match="arm must be one of"):
-        A.make("SwiGlu")

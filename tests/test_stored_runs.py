@@ -215,3 +215,25 @@ def test_each_ablation_arm_changes_only_its_switches():
     for arm, switches in tool.ARMS.items():
         changed = {f for f in fields if getattr(tool.config(arm, 1024), f) != getattr(base, f)}
         assert changed == set(switches), (arm, changed)
+    # the last arm is every change but biases (the base has none, as Qwen3)
+    everything = set().union(*(s for a, s in tool.ARMS.items() if a not in ("biases", tool.ALL)))
+    assert set(tool.ARMS[tool.ALL]) == everything
+    with pytest.raises(ValueError, match="arm must be one of"):
+        tool.make("SwiGlu")
+
+
+def test_the_decoder_ablation_resumes_and_runs_long(tmp_path):
+    """Finished runs are kept in a .partial.jsonl (an interrupted ablation resumes); --long reads
+    the rates the short ablation chose and tries them and half of them, at more steps."""
+    tool = _tool("decoder_ablation")
+    partial = tmp_path / "decoder_ablation_cpu_smoke.partial.jsonl"
+    fake = {"arm": tool.BASE, "steps": 4, "lr": 1e-3, "seed": 0, "bits_per_byte": 9.0, "valid": [[4, 9.0]],
+            "cpu_seconds": 0.0}
+    partial.write_text(json.dumps(fake) + "\n")
+    short = json.loads(tool.main(["--smoke", "--workers", "0", "--out-dir", str(tmp_path)]).read_text())
+    assert fake in short["curves"]["records"] and not partial.exists()  # reused, not rerun; then cleaned up
+    long = json.loads(tool.main(["--smoke", "--workers", "0", "--out-dir", str(tmp_path), "--long"]).read_text())
+    chosen = {row["arm"]: row["lr"] for row in short["curves"]["summary"]}
+    for row in long["curves"]["summary"]:
+        assert row["lrs_tried"] == [chosen[row["arm"]] / 2, chosen[row["arm"]]] and row["runs"] == 2
+    assert long["steps"]["per_run"] > short["steps"]["per_run"]

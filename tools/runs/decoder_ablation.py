@@ -3,6 +3,7 @@
     python tools/runs/decoder_ablation.py                     # the CPU ablation, two worker processes
     python tools/runs/decoder_ablation.py --smoke --workers 0 --out-dir /tmp/x   # seconds: the tests
     python tools/runs/decoder_ablation.py --device cuda --workers 0 --steps 4000  # the same sizes, longer
+    python tools/runs/decoder_ablation.py --long      # then: the base and Qwen3's block, four times longer
 
 Every arm is :class:`tfm_course.models.llama.Llama` trained with chapter 8's recipe
 (:mod:`tfm_course.experiments.gpt_recipe`: nanoGPT's CPU configuration, BPE tokens, the same
@@ -15,6 +16,11 @@ tries the peak rates 1e-3, 2e-3 and 4e-3 and widens by factors of 2 while the be
 bits per byte, each arm's mean and spread over seeds, its parameters and training FLOPs per
 token (counted on the meta device), next to the count-based n-gram lines on the same tokens.
 Each run uses one CPU thread.
+
+``--long [ARM ...]`` (default: the base and Qwen3's block) asks whether a difference survives four
+times the steps: seed 0 of each arm tries the rate the stored ablation chose and half of it (a
+longer run usually wants a lower peak), and seeds 1 and 2 train at the better of the two; it writes
+``decoder_ablation_long_cpu.json``.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tfm_course.experiments import gpt_recipe as R
 from tfm_course.experiments import stored_runs
-from tfm_course.experiments.decoder_arms import ARMS, config, make
+from tfm_course.experiments.decoder_arms import ALL, ARMS, BASE, config, make
 from tfm_course.models.llama import Llama
 
 LADDER = (1e-3, 2e-3, 4e-3)
@@ -87,17 +93,34 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--steps", type=int, default=None,
                         help="steps per run (default: the BPE steps of nanoGPT's 2,000 character steps)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (one run at a time: --workers 0)")
+    parser.add_argument("--long", nargs="*", default=None, metavar="ARM",
+                        help="four times the steps for these arms (default: the base and Qwen3's block), at the "
+                             "stored ablation's rate and half of it")
     args = parser.parse_args(argv)
-    arms = list(ARMS)[:2] if args.smoke else list(ARMS)
     seeds, evaluations = ((0, 1), 2) if args.smoke else (SEEDS, 10)
-    steps = 4 if args.smoke else args.steps or R.equal_compute_steps(2000)["BPE"]
     size = "cpu" if args.device == "cpu" else "gpu"
-    name = f"decoder_ablation_{size}" + ("_smoke" if args.smoke else "")
-    command = shlex.join(["python", "tools/runs/decoder_ablation.py", *(argv if argv is not None else sys.argv[1:])])
+    suffix = "_smoke" if args.smoke else ""
     out = args.out_dir or stored_runs.RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
+    if args.long is None:
+        arms = list(ARMS)[:2] if args.smoke else list(ARMS)
+        steps = 4 if args.smoke else args.steps or R.equal_compute_steps(2000)["BPE"]
+        name = f"decoder_ablation_{size}{suffix}"
+        ladders = {a: LADDER[:1] if args.smoke else LADDER for a in arms}
+    else:
+        arms = args.long or ([BASE, "RMSNorm"] if args.smoke else [BASE, ALL])
+        unknown = [a for a in arms if a not in ARMS]
+        if unknown:
+            raise SystemExit(f"unknown arms {unknown}; the arms are {list(ARMS)}")
+        short = stored_runs.load_run(f"decoder_ablation_{size}{suffix}", folder=out)
+        chosen = {row["arm"]: row["lr"] for row in short["curves"]["summary"]}
+        steps = 8 if args.smoke else args.steps or 4 * short["steps"]["per_run"]
+        name = f"decoder_ablation_long_{size}{suffix}"
+        ladders = {a: (chosen[a] / 2, chosen[a]) for a in arms}
+    command = shlex.join(["python", "tools/runs/decoder_ablation.py", *(argv if argv is not None else sys.argv[1:])])
     data = R.lm_data("BPE")  # before forking: the workers share it
     run = stored_runs.new_run(name, command, list(seeds), args.device, recipe=R.RECIPE, arms=ARMS, ladder=list(LADDER),
+                              ladders={a: list(v) for a, v in ladders.items()},
                               steps=steps, costs={a: costs(a, data.vocab_size) for a in arms},
                               ngram_bits_per_byte={str(o): R.ngram_bits_per_byte(data, o) for o in (1, 2, 3, 4)})
     pool = cf.ProcessPoolExecutor(args.workers, mp_context=mp.get_context("fork")) if args.workers else None
@@ -118,9 +141,8 @@ def main(argv: list[str] | None = None) -> Path:
             print(f"{r['arm']:>28} lr {r['lr']:.0e} seed {r['seed']}: {r['bits_per_byte']:.4f} bits/byte "
                   f"({r['cpu_seconds']:.0f} s)", flush=True)
 
-    ladder = LADDER[:1] if args.smoke else LADDER
-    batch([(a, steps, lr, seeds[0], evaluations, args.device) for a in arms for lr in ladder])
-    while not args.smoke:  # widen where seed 0's best rate sits at an end of what it tried
+    batch([(a, steps, lr, seeds[0], evaluations, args.device) for a in arms for lr in ladders[a]])
+    while not args.smoke and args.long is None:  # widen where seed 0's best rate sits at an end of what it tried
         jobs = []
         for row in summary(records, seeds):
             lo, hi = min(row["lrs_tried"]), max(row["lrs_tried"])
