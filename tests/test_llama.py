@@ -174,3 +174,18 @@ def test_config_from_hf_reads_a_config_json():
                         "vocab_size": 5, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
                         "intermediate_size": 8})
 
+
+
+def test_the_loader_refuses_a_checkpoint_with_missing_extra_or_misshapen_tensors():
+    from tfm_course.models.llama_hf import _load, hf_name
+
+    config = LlamaConfig.qwen3(**SIZES, n_kv_heads=2)
+    state = {hf_name(k): v for k, v in Llama(config).state_dict().items()}
+    torch.testing.assert_close(_load(config, state).state_dict()["blocks.0.ffn.up.weight"],
+                               state["model.layers.0.mlp.up_proj.weight"])
+    with pytest.raises(ValueError, match="has no place for"):
+        _load(config, {**state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(SIZES["d_model"])})
+    with pytest.raises(ValueError, match="lacks 1 tensors"):
+        _load(config, {k: v for k, v in state.items() if k != "model.norm.weight"})
+    with pytest.raises(ValueError, match="expected shape"):
+        _load(config, {**state, "model.norm.weight": torch.ones(3)})

@@ -240,9 +240,12 @@ def fused_attention(
 
     ``enable_gqa=True`` (grouped-query attention, chapters 3 and 13): q ``(B, heads, n_q, d)``
     with k, v ``(B, kv_heads, n_k, d)``; query head ``h`` reads K/V head ``h // (heads // kv_heads)``,
-    as ``k.repeat_interleave(heads // kv_heads, dim=1)`` would give, without that copy.
+    as ``k.repeat_interleave(heads // kv_heads, dim=1)`` would give. Kernels that support it read
+    each K/V head in place (on a GPU: FlashAttention and cuDNN, in fp16/bf16); the others repeat
+    the heads internally. Needs PyTorch >= 2.5.
     """
     _check_qkv(q, k, v, gqa=enable_gqa)
+    gqa = {"enable_gqa": True} if enable_gqa else {}  # the argument exists from PyTorch 2.5
     n_q, n_k = q.shape[-2], k.shape[-2]
     if enable_gqa or q.shape[:-2] == k.shape[:-2]:
         lead = q.shape[:-2]
@@ -256,16 +259,14 @@ def fused_attention(
         check_mask(mask, score_shape)
     if is_causal:
         if mask is None and bias is None and n_q == n_k:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
-                                                  enable_gqa=enable_gqa)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, **gqa)
         mask = _with_causal(mask, n_q, n_k, q.device)
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, enable_gqa=enable_gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, **gqa)
     row_ok = mask.any(dim=-1, keepdim=True)  # (..., n_q, 1): False for a row with no key
     mask = mask | ~row_ok  # let empty rows attend everywhere; zeroed below
     attn_mask = mask if bias is None else bias.masked_fill(~mask, torch.finfo(q.dtype).min)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                         enable_gqa=enable_gqa)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, **gqa)
     return out.masked_fill(~row_ok, 0.0)
 
 

@@ -87,6 +87,10 @@ def _load(config: LlamaConfig, state: Mapping[str, torch.Tensor]) -> Llama:
     missing = [hf_name(k) for k in ours if hf_name(k) not in state and not (config.tie and k == "lm_head.weight")]
     if missing:
         raise ValueError(f"the checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    unused = sorted(set(state) - {hf_name(k) for k in ours})
+    if unused:  # a layer the configuration does not describe (biases, a second norm...): refuse, do not drop
+        raise ValueError(f"the checkpoint has {len(unused)} tensors this configuration has no place for, "
+                         f"e.g. {unused[:3]}")
     with torch.no_grad():
         for name, tensor in ours.items():
             theirs = state.get(hf_name(name))
