@@ -9,13 +9,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from .llama import LlamaConfig
+# ``config`` below is a tfm_course.models.llama.LlamaConfig (not imported: llama imports this module)
 
 __all__ = ["KVCache", "ConcatCache"]
 
@@ -25,7 +22,7 @@ class KVCache:
     filled in place: a decoding step writes one position instead of copying the whole cache as
     ``torch.cat`` does (chapter 8's cache). ``length`` positions are filled."""
 
-    def __init__(self, config: LlamaConfig, batch: int, max_len: int | None = None,
+    def __init__(self, config: "LlamaConfig", batch: int, max_len: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
         self.max_len = max_len or config.max_len
         shape = (config.n_layers, batch, config.kv_heads, self.max_len, config.d_head)
@@ -63,7 +60,7 @@ class ConcatCache(KVCache):
     """Chapter 8's way, for comparison: each step concatenates the new keys and values onto a
     copy of the old ones (``torch.cat``), so a step costs a copy of the whole cache."""
 
-    def __init__(self, config: LlamaConfig, batch: int, max_len: int | None = None,
+    def __init__(self, config: "LlamaConfig", batch: int, max_len: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
         self.max_len = max_len or config.max_len
         self.kv: list[tuple[Tensor, Tensor] | None] = [None] * config.n_layers

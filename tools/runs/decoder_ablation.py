@@ -19,8 +19,8 @@ Each run uses one CPU thread.
 
 ``--long [ARM ...]`` (default: the base and Qwen3's block) asks whether a difference survives four
 times the steps: seed 0 of each arm tries the rate the stored ablation chose and half of it (a
-longer run usually wants a lower peak), and seeds 1 and 2 train at the better of the two; it writes
-``decoder_ablation_long_cpu.json``.
+longer run usually wants a lower peak), widened as above while the better sits at an end, and
+seeds 1 and 2 train at the best; it writes ``decoder_ablation_long_cpu.json``.
 """
 
 from __future__ import annotations
@@ -93,11 +93,12 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--steps", type=int, default=None,
                         help="steps per run (default: the BPE steps of nanoGPT's 2,000 character steps)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (one run at a time: --workers 0)")
+    parser.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds per arm (the first chooses the rate)")
     parser.add_argument("--long", nargs="*", default=None, metavar="ARM",
                         help="four times the steps for these arms (default: the base and Qwen3's block), at the "
                              "stored ablation's rate and half of it")
     args = parser.parse_args(argv)
-    seeds, evaluations = ((0, 1), 2) if args.smoke else (SEEDS, 10)
+    seeds, evaluations = ((0, 1), 2) if args.smoke else (tuple(range(args.seeds)), 10)
     size = "cpu" if args.device == "cpu" else "gpu"
     suffix = "_smoke" if args.smoke else ""
     out = args.out_dir or stored_runs.RESULTS_DIR
@@ -142,19 +143,20 @@ def main(argv: list[str] | None = None) -> Path:
                   f"({r['cpu_seconds']:.0f} s)", flush=True)
 
     batch([(a, steps, lr, seeds[0], evaluations, args.device) for a in arms for lr in ladders[a]])
-    while not args.smoke and args.long is None:  # widen where seed 0's best rate sits at an end of what it tried
+    while True:  # widen where seed 0's best rate sits at an end; an arm whose rate is settled trains its seeds
         jobs = []
         for row in summary(records, seeds):
             lo, hi = min(row["lrs_tried"]), max(row["lrs_tried"])
-            if row["lr"] == lo and lo / 2 >= MIN_LR:
+            if not args.smoke and row["lr"] == lo and lo / 2 >= MIN_LR:
                 jobs.append((row["arm"], steps, lo / 2, seeds[0], evaluations, args.device))
-            elif row["lr"] == hi and hi * 2 <= MAX_LR:
+            elif not args.smoke and row["lr"] == hi and hi * 2 <= MAX_LR:
                 jobs.append((row["arm"], steps, hi * 2, seeds[0], evaluations, args.device))
-        if not jobs:
+            else:  # in the same batch as the others' widening: no worker waits
+                jobs += [(row["arm"], steps, row["lr"], s, evaluations, args.device) for s in seeds[1:]]
+        done = {(r["arm"], r["lr"], r["seed"]) for r in records}
+        if all((job[0], job[2], job[3]) in done for job in jobs):
             break
         batch(jobs)
-    best = {row["arm"]: row["lr"] for row in summary(records, seeds)}
-    batch([(a, steps, best[a], s, evaluations, args.device) for a in arms for s in seeds[1:]])
     if pool is not None:
         pool.shutdown()
     run["curves"] = {"records": records, "summary": summary(records, seeds)}
