@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (one run at a time: --workers 0)")
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds per arm (the first chooses the rate)")
     parser.add_argument("--long", nargs="*", default=None, metavar="ARM",
-                        help="four times the steps for these arms (default: the base and Qwen3's block), at the "
-                             "stored ablation's rate and half of it")
+                        help="four times the steps for these arms (default: the base and Qwen3's block), from the "
+                             "stored ablation's rate and half of it, widened while the better sits at an end")
     args = parser.parse_args(argv)
     seeds, evaluations = ((0, 1), 2) if args.smoke else (tuple(range(args.seeds)), 10)
     size = "cpu" if args.device == "cpu" else "gpu"
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> Path:
     # Finished runs are appended here as they end, so an interrupted ablation resumes where it stopped.
     partial = out / f"{name}.partial.jsonl"
     records: list[dict] = [json.loads(line) for line in partial.read_text().splitlines()] if partial.exists() else []
-    records = [r for r in records if r["steps"] == steps]
+    records = [r for r in records if r["steps"] == steps and r["arm"] in arms]
 
     def batch(jobs: list[tuple]) -> None:
         done = {(r["arm"], r["lr"], r["seed"]) for r in records}
