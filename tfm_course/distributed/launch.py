@@ -52,7 +52,14 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL torchrun's process group and every process below it (workers have their own sessions)."""
+    """SIGKILL torchrun's process group and every process below it (workers have their own sessions).
+
+    torchrun is stopped first: a worker it started after the list of descendants was taken would
+    otherwise survive, in a session of its own (seen under load, when workers start late)."""
+    try:
+        os.killpg(proc.pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
     below = _descendants(proc.pid)
     for pid in below:
         try:
