@@ -127,7 +127,12 @@ def test_the_tools_run_in_smoke_mode(tmp_path):
     path = sweep.main(["--smoke", "--workers", "0", "--seeds", "0", "--out-dir", str(tmp_path)])
     run = json.loads(path.read_text())
     assert stored_runs.missing_fields(run) == []
-    assert {row["start"] for row in run["curves"]["summary"]} == set(sweep.STARTS) | set(sweep.BASELINES)
+    assert {row["start"] for row in run["curves"]["summary"]} == set(sweep.STARTS) | set(sweep.BASELINES["kind"])
+    path = sweep.main(["--smoke", "--workers", "0", "--seeds", "0", "--task", "order", "--starts", "scratch", "longer",
+                       "--out-dir", str(tmp_path)])
+    run = json.loads(path.read_text())
+    assert path.name == "bert_order_sweep_cpu_smoke.json" and run["settings"]["task"] == "order"
+    assert {row["start"] for row in run["curves"]["summary"]} == {"scratch", "longer", *sweep.BASELINES["order"]}
     short = stored_runs.load_run("bert_mlm_short_cpu_smoke", tmp_path)
     assert short["steps"] == {"seed0": 6} and stored_runs.load_checkpoint(short, "seed0", tmp_path)
 

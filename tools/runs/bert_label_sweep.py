@@ -2,6 +2,12 @@
 
     python tools/runs/bert_label_sweep.py                       # the stored CPU sweep (~20 min, 2 workers)
     python tools/runs/bert_label_sweep.py --smoke --out-dir /tmp/x   # seconds: what the tests run
+    python tools/runs/bert_label_sweep.py --task order          # "in order or shuffled?" (~15 min)
+
+Tasks: ``kind`` ("class or function?", :func:`bert_recipe.task_data`) and ``order`` (the same
+docstrings, half of them with their tokens shuffled, :mod:`tfm_course.experiments.order_task`:
+a bag of tokens is at chance by construction). Each has its own stored sweep
+(``bert_label_sweep_<size>`` and ``bert_order_sweep_<size>``) and its own baselines.
 
 Starts: ``scratch`` (a random encoder), ``short`` (the page's 500-step checkpoint), ``long`` (3,000
 steps), ``longer`` (15,000 steps, past the two-sided bigram), and at a few label counts ``long,
@@ -27,6 +33,7 @@ from pathlib import Path
 
 from tfm_course.device import get_device
 from tfm_course.experiments import bert_recipe as R
+from tfm_course.experiments import order_task
 from tfm_course.experiments import stored_runs
 from tfm_course.models.bert import BertForPreTraining
 
@@ -43,10 +50,16 @@ FULL_STARTS = ("scratch", "short", "long", "longer")  # at every label count
 _STATE: dict = {}
 
 
-def _init(size: str, smoke: bool, folder: str | None, steps: int, starts: list[str]) -> None:
+NAMES = {"kind": "bert_label_sweep", "order": "bert_order_sweep"}
+
+
+def _init(size: str, smoke: bool, folder: str | None, steps: int, starts: list[str], task: str = "kind") -> None:
     """Load the data and the pretrained encoders once per worker (fine_tune runs on one thread)."""
     sizes = R.SIZES[size]
     data = R.mlm_data(sizes)
+    examples = R.task_data(data)
+    if task == "order":
+        examples = order_task.shuffled_task(examples, data)
     encoders = {}
     for start, source in STARTS.items():
         if source is None or start not in starts:
@@ -56,8 +69,7 @@ def _init(size: str, smoke: bool, folder: str | None, steps: int, starts: list[s
         model = BertForPreTraining(R.model_config(data, sizes))
         model.load_state_dict(stored_runs.load_checkpoint(run, source[1], folder and Path(folder)))
         encoders[start] = model.bert
-    _STATE.update(sizes=sizes, data=data, task=R.task_data(data), encoders=encoders,
-                  steps=steps)
+    _STATE.update(sizes=sizes, data=data, task=examples, task_name=task, encoders=encoders, steps=steps)
 
 
 def _one(job: tuple[str, int | None, float, int]) -> dict:
@@ -87,6 +99,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--size", choices=sorted(R.SIZES), default=None)
+    parser.add_argument("--task", choices=sorted(NAMES), default="kind")
     parser.add_argument("--workers", type=int, default=2, help="processes; 0: this one")
     parser.add_argument("--starts", nargs="+", choices=sorted(STARTS), default=list(STARTS))
     parser.add_argument("--merge", action="store_true",
@@ -97,15 +110,15 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     device = get_device()
     size = args.size or ("cpu" if device.type == "cpu" else "gpu")
-    name = f"bert_label_sweep_{size}" + ("_smoke" if args.smoke else "")
+    name = f"{NAMES[args.task]}_{size}" + ("_smoke" if args.smoke else "")
     command = "python tools/runs/bert_label_sweep.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    run = stored_runs.new_run(name, command, args.seeds, device, size=size, grid=GRID, ladder=LADDER,
+    run = stored_runs.new_run(name, command, args.seeds, device, size=size, task=args.task, grid=GRID, ladder=LADDER,
                               starts={k: v and list(v) for k, v in STARTS.items()})
     labels = [16] if args.smoke else LABELS
     few = [16] if args.smoke else FEW_LABELS
     folder = str(args.out_dir) if args.smoke else None
     ft_steps = 4 if args.smoke else R.SIZES[size]["ft_steps"]
-    init = (size, args.smoke, folder, ft_steps, args.starts)
+    init = (size, args.smoke, folder, ft_steps, args.starts, args.task)
     out = args.out_dir or stored_runs.RESULTS_DIR
     kept: list[dict] = []
     if args.merge:
@@ -140,7 +153,7 @@ def main(argv: list[str] | None = None) -> Path:
                     records.extend(pool.apply(_baselines, (n, seed)))
     records += kept
     plan |= {(r["start"], r["labels"]) for r in kept if r["start"] in STARTS}
-    summary = [_row(records, s, n, None, None, False) for s in BASELINES for n in sorted(counts.values())]
+    summary = [_row(records, s, n, None, None, False) for s in BASELINES[args.task] for n in sorted(counts.values())]
     for s, n in sorted(plan, key=lambda k: (list(STARTS).index(k[0]), k[1])):
         best, means = choose(records, s, n)
         summary.append(_row(records, s, n, best, means[best], best in (min(means), max(means))))
@@ -165,13 +178,19 @@ def _row(records: list[dict], start: str, n: int, lr: float | None, dev: float |
             "min": min(chosen), "max": max(chosen), "runs": len(chosen)}
 
 
-BASELINES = ("majority", "first-word rule", "bag of tokens")
+BASELINES = {"kind": ("majority", "first-word rule", "bag of tokens"),
+             "order": ("majority", "bag of tokens", "bigram rule")}
 
 
 def _baselines(n: int | None, seed: int) -> list[dict]:
-    task = _STATE["task"]
+    task, data = _STATE["task"], _STATE["data"]
     subset = R.stratified_subset(task.train.y, n, seed)
-    scores = R.baseline_scores(task, _STATE["data"].vocab_size, subset)
+    if _STATE["task_name"] == "order":
+        if "bigram" not in _STATE:
+            _STATE["bigram"] = order_task.KneserNey(2, data.vocab_size).fit(data.train_rows.cpu())
+        scores = order_task.order_baselines(task, data, subset, _STATE["bigram"])
+    else:
+        scores = R.baseline_scores(task, data.vocab_size, subset)
     return [{"start": name, "labels": len(subset), "lr": None, "seed": seed, "dev": v["dev"],
              "validation": v["validation"]} for name, v in scores.items()]
 
