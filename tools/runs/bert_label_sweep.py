@@ -11,8 +11,9 @@ a bag of tokens is at chance by construction). Each has its own stored sweep
 
 Starts: ``scratch`` (a random encoder), ``short`` (the page's 500-step checkpoint), ``long`` (3,000
 steps), ``longer`` (15,000 steps, past the two-sided bigram), and at a few label counts ``long,
-seed 1`` (the second pretraining seed) and ``always [MASK]`` (3,000 steps without the 80/10/10 rule) — read from the stored pretraining runs of
-``tools/runs/bert_pretraining.py``. For every start, label count N (stratified subsets of the
+seed 1`` (the second pretraining seed), ``always [MASK]`` (3,000 steps without the 80/10/10 rule) and
+``scratch, 4x steps`` / ``longer, 4x steps`` (fine-tuned four times longer) — read from the stored
+pretraining runs of ``tools/runs/bert_pretraining.py``. For every start, label count N (stratified subsets of the
 training split) and seed (which sets the subset, the head's initialisation and the batch order),
 the encoder is fine-tuned at each learning rate of a grid; a rate is *chosen* per start and N by
 the mean balanced accuracy on the dev split (training modules held out from fine-tuning), and the
@@ -43,7 +44,9 @@ LABELS = [16, 32, 64, 128, 256, 512, 1024, None]  # None: every training example
 STARTS = {"scratch": None, "short": ("bert_mlm_short", "seed0"), "long": ("bert_mlm_long", "seed0"),
           "long, seed 1": ("bert_mlm_long", "seed1"), "always [MASK]": ("bert_mlm_all_mask", "seed0"),
           "always [MASK], lr 1e-3": ("bert_mlm_all_mask_lr0.001", "seed0"),
-          "longer": ("bert_mlm_longer", "seed0")}
+          "longer": ("bert_mlm_longer", "seed0"),
+          "scratch, 4x steps": None, "longer, 4x steps": ("bert_mlm_longer", "seed0")}
+STEPS_FACTOR = {"scratch, 4x steps": 4, "longer, 4x steps": 4}  # fine-tuned 4x longer: labels or steps?
 FEW_LABELS = [32, 256, None]  # where the other starts run
 FULL_STARTS = ("scratch", "short", "long", "longer")  # at every label count
 
@@ -79,7 +82,8 @@ def _one(job: tuple[str, int | None, float, int]) -> dict:
     if encoder is None:  # from scratch: a random encoder, drawn with the seed
         encoder = R.fresh_bert(data, sizes, 1000 + seed)
     subset = R.stratified_subset(task.train.y, n, seed)
-    result = R.fine_tune(encoder, task, sizes, lr=lr, seed=seed, subset=subset, steps=_STATE["steps"])
+    steps = _STATE["steps"] * STEPS_FACTOR.get(start, 1)
+    result = R.fine_tune(encoder, task, sizes, lr=lr, seed=seed, subset=subset, steps=steps)
     return {"start": start, "labels": result["n_train"], "lr": lr, "seed": seed,
             "dev": result["dev"]["balanced"], "validation": result["validation"]["balanced"],
             "validation_accuracy": result["validation"]["accuracy"]}
