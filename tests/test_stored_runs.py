@@ -31,7 +31,8 @@ def _tool(name: str):
 
 
 def test_the_stored_runs_are_there():
-    for name in ("bert_mlm_short_cpu", "bert_mlm_long_cpu", "bert_mlm_all_mask_cpu", "bert_label_sweep_cpu"):
+    for name in ("bert_mlm_short_cpu", "bert_mlm_long_cpu", "bert_mlm_all_mask_cpu", "bert_label_sweep_cpu",
+                 "bert_order_sweep_cpu"):
         assert name in RUNS
 
 
@@ -82,8 +83,9 @@ def test_checkpoint_reproduces_its_stored_metric(name):
         assert got["accuracy"] == pytest.approx(last["accuracy"], abs=1.5 / len(data.valid_labels[data.valid_labels >= 0]))
 
 
-def test_label_sweep_is_complete_and_its_rates_are_interior():
-    run = stored_runs.load_run("bert_label_sweep_cpu")
+@pytest.mark.parametrize("name", ["bert_label_sweep_cpu", "bert_order_sweep_cpu"])
+def test_label_sweep_is_complete_and_its_rates_are_interior(name):
+    run = stored_runs.load_run(name)
     summary = run["curves"]["summary"]
     seeds = len(run["seeds"])
     assert seeds >= 5
@@ -92,6 +94,11 @@ def test_label_sweep_is_complete_and_its_rates_are_interior():
         assert not row["at_edge"] or row["lr"] in (min(run["settings"]["ladder"]), max(run["settings"]["ladder"]))
     counts = {row["labels"] for row in summary if row["start"] == "long"}
     assert {16, 32, 64, 128, 256, 512, 1024, run["settings"]["n_all"]} <= counts
+    assert run["settings"].get("task", "kind") == {"bert_label_sweep_cpu": "kind", "bert_order_sweep_cpu": "order"}[name]
+    for row in summary:  # every (start, label count) saw every seed at its chosen rate
+        seeds_at = {r["seed"] for r in run["curves"]["records"]
+                    if r["start"] == row["start"] and r["labels"] == row["labels"] and r["lr"] == row["lr"]}
+        assert seeds_at == set(run["seeds"])
 
 
 def test_results_are_package_data():
