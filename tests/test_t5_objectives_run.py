@@ -11,6 +11,7 @@ import torch
 
 from tfm_course.experiments import stored_runs
 from tfm_course.experiments.context_questions import answer_questions
+from tfm_course.results import available
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,3 +70,26 @@ def test_the_stored_checkpoint_gives_the_stored_answers():
         low, high = sizes["lr_range"]
         tried = sorted(float(r) for r in rates)
         assert lr in tried and (tried[0] < lr < tried[-1] or lr in (low, high) or len(tried) == 1)
+
+
+LONG_RUNS = [name for name in available() if name.startswith("t5_objectives_long_")]
+
+
+@pytest.mark.parametrize("name", LONG_RUNS)
+def test_each_long_run_checkpoint_gives_its_stored_answers(name):
+    """The --long runs (span corruption and prefix LM, 20,000 steps): the checkpoint, rounded to
+    fp16, answers the stored questions as the run recorded at its last evaluation."""
+    run = stored_runs.load_run(name)
+    if not stored_runs.same_corpus(run):
+        pytest.skip("this Python's standard library gives another corpus than the run's")
+    tool = _tool()
+    sizes = run["settings"]["sizes"]
+    key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in sizes.items()))
+    s = tool.setting(key)
+    arm = run["settings"]["objective"]
+    model = tool.load_start(key, None, 0, "")
+    model.load_state_dict({k: v.float() for k, v in stored_runs.load_checkpoint(run, f"seed{run['seeds'][0]}").items()})
+    got = answer_questions(arm, model, s["questions"], s["specials"])
+    assert got["next token"]["loss"] == pytest.approx(run["final"]["next token loss"], abs=0.02)
+    assert got["infill"]["loss"] == pytest.approx(run["final"]["infill loss"], abs=0.02)
+    assert run["transfer_command"].startswith("python tools/runs/t5_objectives.py --transfer-of " + name)
