@@ -31,11 +31,22 @@ def test_the_rate_ladder_widens_only_past_an_edge():
     assert tool.next_rate({2e-3: 1.0, 4e-3: 0.8, 8e-3: 0.9}, 1e-3, 1.6e-2) is None  # interior
 
 
+def test_the_runner_counts_its_workers_cpu_time():
+    runner = _tool().Runner(2)
+    done = []
+    for _ in range(2):
+        runner.submit(sum, (range(3 * 10**7),), done.append)
+    runner.drain()
+    assert done == [sum(range(3 * 10**7))] * 2
+    assert runner.close() > 0.2  # each sum takes about half a second of CPU in its worker
+
+
 def test_the_tool_runs_in_smoke_mode(tmp_path):
     tool = _tool()
     path = tool.main(["--smoke", "--workers", "1", "--out-dir", str(tmp_path)])
     run = stored_runs.load_run(path.stem, tmp_path)
     assert stored_runs.missing_fields(run) == []
+    assert run["child_cpu_seconds"] == 0.0  # one worker: the jobs ran in this process
     arms = {"span corruption", "BERT-style", "prefix LM", "causal LM"}
     assert set(run["best_lr"]) == arms and set(run["fine_tune_lr"]) == arms | {"scratch"}
     assert set(run["checkpoints"]) == arms | set(tool.ABLATIONS)

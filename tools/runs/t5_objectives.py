@@ -32,6 +32,7 @@ import argparse
 import functools
 import json
 import multiprocessing
+import resource
 import shlex
 import shutil
 import sys
@@ -162,6 +163,12 @@ class Runner:
         ctx = multiprocessing.get_context("spawn")
         self.pool = ProcessPoolExecutor(workers, mp_context=ctx) if workers > 1 else None
         self.pending: list[tuple[Future | Any, Any]] = []
+        self.children_before = self.children_cpu()
+
+    @staticmethod
+    def children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
 
     def submit(self, fn, args: tuple, then) -> None:
         if self.pool is None:
@@ -178,6 +185,13 @@ class Runner:
                     then(future.result())
             if self.pending:
                 time.sleep(0.5)
+
+    def close(self) -> float:
+        """Shut the pool down; the CPU seconds its workers used (0 when the jobs ran inline)."""
+        if self.pool is None:
+            return 0.0
+        self.pool.shutdown(wait=True)  # the workers are reaped, so RUSAGE_CHILDREN includes them
+        return self.children_cpu() - self.children_before
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -275,6 +289,7 @@ def main(argv: list[str] | None = None) -> Path:
                 runner.submit(transfer_job, (key, arm, start_file(arm, seed), seed, n_labels, ft_lr[arm],
                                              str(scratch)), transfer.append)
     runner.drain()
+    run["child_cpu_seconds"] = runner.close()  # cpu_seconds counts this process only
     run["baselines"] = [{"n_labels": n, "seed": seed, **kind_baselines(s["task"], n, seed, s["tok"].vocab_size)}
                         for n in sizes["labels"] for seed in sizes["seeds"]]
     run["ladder"] = {arm: {f"{lr:g}": v for lr, v in sorted(t.items())} for arm, t in ladder.items()}
