@@ -88,7 +88,7 @@ LONG_RUNS = [name for name in available() if name.startswith("t5_objectives_long
 
 @pytest.mark.parametrize("name", LONG_RUNS)
 def test_each_long_run_checkpoint_gives_its_stored_answers(name):
-    """The --long runs (span corruption and prefix LM, 20,000 steps): the checkpoint, rounded to
+    """The --long runs (span corruption, its two ablations and prefix LM, 20,000 steps): the checkpoint, rounded to
     fp16, answers the stored questions as the run recorded at its last evaluation."""
     run = stored_runs.load_run(name)
     if not stored_runs.same_corpus(run):
@@ -97,10 +97,24 @@ def test_each_long_run_checkpoint_gives_its_stored_answers(name):
     sizes = run["settings"]["sizes"]
     key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in sizes.items()))
     s = tool.setting(key)
-    arm = run["settings"]["objective"]
+    arm = tool.objective_of(run["settings"]["objective"])  # an ablation answers as span corruption
     model = tool.load_start(key, None, 0, "")
     model.load_state_dict({k: v.float() for k, v in stored_runs.load_checkpoint(run, f"seed{run['seeds'][0]}").items()})
     got = answer_questions(arm, model, s["questions"], s["specials"])
     assert got["next token"]["loss"] == pytest.approx(run["final"]["next token loss"], abs=0.02)
     assert got["infill"]["loss"] == pytest.approx(run["final"]["infill loss"], abs=0.02)
-    assert run["transfer_command"].startswith("python tools/runs/t5_objectives.py --transfer-of " + name)
+    if "transfer" in run:
+        assert run["transfer_command"].startswith("python tools/runs/t5_objectives.py --transfer-of " + name)
+
+
+def test_a_long_run_of_an_ablation_in_smoke_mode(tmp_path):
+    """--long takes the span-corruption ablations too; the file name keeps no comma or percent sign."""
+    tool = _tool()
+    path = tool.main(["--long", "span corruption, 50 % noise", "--steps", "4", "--lr", "4e-3", "--smoke",
+                      "--out-dir", str(tmp_path)])
+    assert path.name == "t5_objectives_long_span_corruption_50_pct_noise_4_cpu_smoke.json"
+    run = stored_runs.load_run(path.stem, tmp_path)
+    assert stored_runs.missing_fields(run) == [] and run["settings"]["objective"] == "span corruption, 50 % noise"
+    assert tool.objective_of(run["settings"]["objective"]) == "span corruption"
+    state = stored_runs.load_checkpoint(run, "seed0", tmp_path)
+    assert all(v.dtype == torch.float16 for v in state.values() if v.is_floating_point())

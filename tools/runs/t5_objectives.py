@@ -5,6 +5,7 @@ then transfer to "class or function?" with few labels.
     python tools/runs/t5_objectives.py --workers 1               # the same, one process
     python tools/runs/t5_objectives.py --smoke --out-dir /tmp/x  # seconds: what the tests run
     python tools/runs/t5_objectives.py --long "span corruption" --steps 8000 --lr 4e-3   # one arm, longer
+    python tools/runs/t5_objectives.py --long "span corruption, 50 % noise" --steps 20000 --lr 4e-3  # an ablation
     python tools/runs/t5_objectives.py --transfer-of t5_objectives_long_span_corruption_8000_cpu --lr 1e-3
 
 1. **Learning rates.** Each objective (span corruption, BERT-style, prefix LM, causal LM:
@@ -200,8 +201,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="a few steps, to check the tool runs")
     parser.add_argument("--out-dir", type=Path, default=None, help="default: tfm_course/results")
-    parser.add_argument("--long", choices=ENCDEC_OBJECTIVES, default=None,
-                        help="only this objective, for --steps at --lr, seed 0: how its curves go on")
+    parser.add_argument("--long", choices=[*ENCDEC_OBJECTIVES, *ABLATIONS], default=None,
+                        help="only this objective (or span-corruption ablation), for --steps at --lr, seed 0: "
+                             "how its curves go on")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0, help="the --long run's seed")
@@ -323,7 +325,7 @@ def long_run(args: argparse.Namespace, argv: list[str] | None) -> Path:
     size = args.size or ("cpu" if device.type == "cpu" else "gpu")
     sizes = dict(SIZES[size], **(SMOKE if args.smoke else {}))
     sizes["steps"], sizes["eval_times"] = args.steps, 16
-    slug = args.long.replace(" ", "_").replace("-", "_")
+    slug = args.long.replace(" ", "_").replace("-", "_").replace(",", "").replace("%", "pct")
     seed = args.seed
     name = (f"t5_objectives_long_{slug}_{args.steps}_{size}" + (f"_seed{seed}" if seed else "")
             + ("_smoke" if args.smoke else ""))
