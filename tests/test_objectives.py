@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tfm_course.data.mlm import IGNORE
 from tfm_course.data.span_corruption import t5_lengths
 from tfm_course.device import one_cpu_thread
+from tfm_course.tokenizers import default_tokenizer
 from tfm_course.models.t5 import T5
 from tfm_course.models.t5_lm import T5StackLM
 from tfm_course.data.docstring_tasks import CLASS_OR_FUNCTION_LABELS, class_or_function
@@ -221,3 +222,16 @@ def test_pretraining_runs_on_the_meta_device_without_host_reads():
         model = model_for(objective).to("meta")
         batch = pretraining_batch(objective, raw().to("meta"), SPECIALS, None)
         assert pretraining_loss(objective, model, batch, SPECIALS).shape == ()
+
+
+def test_corpus_text_keeps_a_special_tokens_spelling_as_plain_text():
+    """Text we did not write goes through encode_ordinary: "<|endoftext|>" in a docstring must not
+    become the end-of-text id in the stream or in a text-to-text pair (chapter 6's rule)."""
+    tok = default_tokenizer(4096).truncated(1024)
+    eot = tok.special_ids["<|endoftext|>"]
+    text = "ends here <|endoftext|> and goes on"
+    assert eot in tok.encode(text)  # what the plain encode would have done
+    stream = token_stream(tok, [text], eos=eot)
+    assert stream.tolist() == tok.encode_ordinary(text) + [eot] and stream.tolist().count(eot) == 1
+    inputs, targets = encode_pairs(tok, [(text, text)], SPECIALS, max_input_tokens=64)
+    assert inputs[0].tolist().count(eot) == 0 and targets[0].tolist().count(eot) == 0

@@ -43,7 +43,8 @@ def generation_profile(model: torch.nn.Module, contexts: Sequence[int], batch: i
 
     ``timer`` reads the clock: wall-clock ``time.perf_counter`` by default (what a GPU needs);
     on a CPU shared with other jobs, ``time.process_time`` with one thread counts only this
-    process's work, so other programs do not inflate the steps.
+    process's work, so it is less sensitive to other programs than the wall clock (not immune:
+    they still evict its caches and slow its memory traffic).
     """
     contexts = sorted(set(contexts))
     if not contexts or contexts[0] < 1:

@@ -89,11 +89,18 @@ class Specials:
 
 
 # --------------------------------------------------------------------------- text
+def encode_text(tokenizer, text: str) -> list[int]:
+    """``text`` we did not write, as ids: a special token's spelling in it stays plain characters
+    (``encode_ordinary`` where the tokenizer has special tokens; a character tokenizer has none)."""
+    encode = getattr(tokenizer, "encode_ordinary", tokenizer.encode)
+    return encode(text)
+
+
 def token_stream(tokenizer, texts: Sequence[str], eos: int) -> Tensor:
-    """Every text encoded and followed by ``eos``, joined into one ``(N,)`` long tensor."""
+    """Every text encoded (:func:`encode_text`) and followed by ``eos``, joined into one ``(N,)`` long tensor."""
     ids: list[int] = []
     for text in texts:
-        ids.extend(tokenizer.encode(text))
+        ids.extend(encode_text(tokenizer, text))
         ids.append(eos)
     return torch.tensor(ids, dtype=torch.long)
 
@@ -264,8 +271,8 @@ def encode_pairs(tokenizer, pairs: Sequence[tuple[str, str]], specials: Specials
     EOS, each target's tokens and EOS, right-padded with ``specials.pad``."""
     if not pairs:
         raise ValueError("pairs is empty")
-    inputs = [tokenizer.encode(x)[:max_input_tokens - 1] + [specials.eos] for x, _ in pairs]
-    targets = [tokenizer.encode(y) + [specials.eos] for _, y in pairs]
+    inputs = [encode_text(tokenizer, x)[:max_input_tokens - 1] + [specials.eos] for x, _ in pairs]
+    targets = [encode_text(tokenizer, y) + [specials.eos] for _, y in pairs]
 
     def pad(rows: list[list[int]]) -> Tensor:
         out = torch.full((len(rows), max(map(len, rows))), specials.pad, dtype=torch.long)
