@@ -125,6 +125,15 @@ def test_an_incomplete_run_is_not_written(tmp_path):
         stored_runs.write_run(run, folder=tmp_path)
 
 
+def test_the_sweep_widens_only_where_the_chosen_rate_sits_at_an_edge():
+    sweep = _tool("bert_label_sweep")
+    rec = lambda lr, dev: {"start": "scratch", "labels": 32, "lr": lr, "seed": 0, "dev": dev}  # noqa: E731
+    assert sweep.widen([rec(1e-3, 0.6), rec(3e-3, 0.7), rec(1e-2, 0.8)], {("scratch", 32)}) == {("scratch", 32): [3e-2]}
+    assert sweep.widen([rec(1e-3, 0.6), rec(3e-3, 0.9), rec(1e-2, 0.8)], {("scratch", 32)}) == {}  # interior
+    assert sweep.widen([rec(1e-4, 0.9), rec(3e-4, 0.8)], {("scratch", 32)}) == {("scratch", 32): [3e-5]}
+    assert sweep.widen([rec(3e-2, 0.9), rec(1e-2, 0.8)], {("scratch", 32)}) == {}  # the ladder ends there
+
+
 def test_the_tools_run_in_smoke_mode(tmp_path):
     """Every stored-run tool, a few steps each, into a temporary folder."""
     pretraining, sweep = _tool("bert_pretraining"), _tool("bert_label_sweep")
@@ -140,6 +149,16 @@ def test_the_tools_run_in_smoke_mode(tmp_path):
     run = json.loads(path.read_text())
     assert path.name == "bert_order_sweep_cpu_smoke.json" and run["settings"]["task"] == "order"
     assert {row["start"] for row in run["curves"]["summary"]} == {"scratch", "longer", *sweep.BASELINES["order"]}
+    before = run["curves"]["records"]
+    expected = sweep.widen(before, {(r["start"], r["labels"]) for r in run["curves"]["summary"] if r["lr"]})
+    path = sweep.main(["--smoke", "--workers", "0", "--seeds", "0", "--task", "order", "--widen",
+                       "--out-dir", str(tmp_path)])
+    widened = json.loads(path.read_text())
+    added = widened["curves"]["records"][len(before):]
+    assert widened["curves"]["records"][:len(before)] == before  # the stored records are kept as they were
+    assert sorted((r["start"], r["labels"], r["lr"]) for r in added) == sorted(
+        (s, n, lr) for (s, n), lrs in expected.items() for lr in lrs)  # exactly the edge cells' new rungs
+    assert widened["merged_from"]["command"] == run["command"]
     short = stored_runs.load_run("bert_mlm_short_cpu_smoke", tmp_path)
     assert short["steps"] == {"seed0": 6} and stored_runs.load_checkpoint(short, "seed0", tmp_path)
 

@@ -3,6 +3,8 @@
     python tools/runs/bert_label_sweep.py                       # the stored CPU sweep (~20 min, 2 workers)
     python tools/runs/bert_label_sweep.py --smoke --out-dir /tmp/x   # seconds: what the tests run
     python tools/runs/bert_label_sweep.py --task order          # "in order or shuffled?" (~15 min)
+    python tools/runs/bert_label_sweep.py --task order --widen  # the stored sweep, its grid widened where a
+                                                                # chosen rate sits at an edge of the rates tried
 
 Tasks: ``kind`` ("class or function?", :func:`bert_recipe.task_data`) and ``order`` (the same
 docstrings, half of them with their tokens shuffled, :mod:`tfm_course.experiments.order_task`:
@@ -38,7 +40,7 @@ from tfm_course.experiments import order_task
 from tfm_course.experiments import stored_runs
 from tfm_course.models.bert import BertForPreTraining
 
-LADDER = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]  # the grid can widen along this ladder
+LADDER = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]  # the grid can widen along this ladder
 GRID = [3e-4, 1e-3, 3e-3]
 LABELS = [16, 32, 64, 128, 256, 512, 1024, None]  # None: every training example
 STARTS = {"scratch": None, "short": ("bert_mlm_short", "seed0"), "long": ("bert_mlm_long", "seed0"),
@@ -108,6 +110,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--starts", nargs="+", choices=sorted(STARTS), default=list(STARTS))
     parser.add_argument("--merge", action="store_true",
                         help="keep the stored sweep's records of the other starts, replace these starts'")
+    parser.add_argument("--widen", action="store_true",
+                        help="keep the stored sweep's records and widen its grid (along LADDER) wherever the chosen "
+                             "rate sits at an edge of the rates tried")
     parser.add_argument("--smoke", action="store_true", help="16 labels, four steps, the first grid only")
     parser.add_argument("--out-dir", type=Path, default=None,
                         help="default: tfm_course/results (also where --smoke reads its pretraining runs)")
@@ -124,34 +129,37 @@ def main(argv: list[str] | None = None) -> Path:
     ft_steps = 4 if args.smoke else R.SIZES[size]["ft_steps"]
     init = (size, args.smoke, folder, ft_steps, args.starts, args.task)
     out = args.out_dir or stored_runs.RESULTS_DIR
+    if args.merge and args.widen:
+        raise ValueError("--merge and --widen do not go together: widen the merged sweep in a second run")
     kept: list[dict] = []
-    if args.merge:
+    previous: dict | None = None
+    if args.merge or args.widen:
         previous = stored_runs.load_run(name, out)
-        kept = [r for r in previous["curves"]["records"] if r["start"] not in args.starts]
         run["merged_from"] = {k: previous.get(k) for k in ("command", "commit", "date", "cpu_seconds",
                                                            "wall_seconds", "cpu_seconds_note", "merged_from")}
+    if args.merge:
+        kept = [r for r in previous["curves"]["records"] if r["start"] not in args.starts]
     if args.workers == 0:  # in this process (the tests' smoke run)
         _init(*init)
     with (mp.get_context("spawn").Pool(args.workers, _init, init) if args.workers else _InProcess()) as pool:
         n_all = pool.apply(_n_all)
         counts = {n: (n_all if n is None else n) for n in labels}
-        plan = {(s, counts[n]) for s in args.starts for n in labels if s in FULL_STARTS or n in few}
-        todo = {(s, n): list(GRID) for s, n in plan}
-        records: list[dict] = []
+        if args.widen:  # the stored records, and the cells whose chosen rate sits at an edge
+            records = list(previous["curves"]["records"])
+            plan = {(row["start"], row["labels"]) for row in previous["curves"]["summary"] if row["lr"] is not None}
+            todo = widen(records, plan)
+        else:
+            plan = {(s, counts[n]) for s in args.starts for n in labels if s in FULL_STARTS or n in few}
+            todo = {(s, n): list(GRID) for s, n in plan}
+            records = []
         while todo:
             jobs = [(s, None if n == n_all else n, lr, seed) for (s, n), lrs in sorted(todo.items(), key=str)
                     for lr in lrs for seed in args.seeds]
             for r in pool.imap_unordered(_one, jobs):
                 records.append(r)
                 print(r, flush=True)
-            todo = {}
-            for s, n in plan if not args.smoke else ():  # widen the grid where the chosen rate sits at an edge
-                best, means = choose(records, s, n)
-                i = LADDER.index(best)
-                for j in (i - 1, i + 1):
-                    if 0 <= j < len(LADDER) and LADDER[j] not in means:
-                        todo.setdefault((s, n), []).append(LADDER[j])
-        if not args.merge:
+            todo = {} if args.smoke else widen(records, plan)
+        if not (args.merge or args.widen):
             for n in labels:  # the baselines, on the same subsets
                 for seed in args.seeds:
                     records.extend(pool.apply(_baselines, (n, seed)))
@@ -172,6 +180,18 @@ def main(argv: list[str] | None = None) -> Path:
     path = stored_runs.write_run(run, folder=out)
     print(f"wrote {path}")
     return path
+
+
+def widen(records: list[dict], plan: set[tuple[str, int]]) -> dict[tuple[str, int], list[float]]:
+    """The rates still to try: the ladder's neighbours of each cell's chosen rate that it has not tried."""
+    todo: dict[tuple[str, int], list[float]] = {}
+    for s, n in plan:
+        best, means = choose(records, s, n)
+        i = LADDER.index(best)
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(LADDER) and LADDER[j] not in means:
+                todo.setdefault((s, n), []).append(LADDER[j])
+    return todo
 
 
 def _row(records: list[dict], start: str, n: int, lr: float | None, dev: float | None, at_edge: bool) -> dict:
