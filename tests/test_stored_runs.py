@@ -91,9 +91,12 @@ def test_label_sweep_is_complete_and_its_rates_are_interior(name):
     assert seeds >= 5
     for row in summary:
         assert row["runs"] == seeds
-        assert not row["at_edge"] or row["lr"] in (min(run["settings"]["ladder"]), max(run["settings"]["ladder"]))
+        assert not row["at_edge"]  # widened (--widen) until every chosen rate has a worse one on each side
     counts = {row["labels"] for row in summary if row["start"] == "long"}
     assert {16, 32, 64, 128, 256, 512, 1024, run["settings"]["n_all"]} <= counts
+    for start, factor in _tool("bert_label_sweep").STEPS_FACTOR.items():  # the 4x starts say so
+        if any(r["start"] == start for r in run["curves"]["records"]):
+            assert run["steps"][f"fine_tuning, {start}"] == factor * run["steps"]["fine_tuning"]
     assert run["settings"].get("task", "kind") == {"bert_label_sweep_cpu": "kind", "bert_order_sweep_cpu": "order"}[name]
     for row in summary:  # every (start, label count) saw every seed at its chosen rate
         seeds_at = {r["seed"] for r in run["curves"]["records"]

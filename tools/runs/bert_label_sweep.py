@@ -173,9 +173,10 @@ def main(argv: list[str] | None = None) -> Path:
     stored_runs.finish_run(run)  # this process; the workers' CPU time is added below (reaped children)
     run["cpu_seconds"] += resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime + \
         resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
-    run["steps"] = {"fine_tuning": ft_steps}
-    run["tokens_seen"] = {"fine_tuning_per_run": run["steps"]["fine_tuning"] * R.SIZES[size]["ft_batch"]
-                          * R.SIZES[size]["length"]}
+    run["steps"] = {"fine_tuning": ft_steps} | {f"fine_tuning, {s}": ft_steps * f for s, f in STEPS_FACTOR.items()
+                                                if any(r["start"] == s for r in records)}
+    run["tokens_seen"] = {f"{k}_per_run": v * R.SIZES[size]["ft_batch"] * R.SIZES[size]["length"]
+                          for k, v in run["steps"].items()}
     run["settings"]["n_all"] = n_all
     path = stored_runs.write_run(run, folder=out)
     print(f"wrote {path}")
